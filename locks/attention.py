@@ -1,0 +1,156 @@
+"""The attention function registered with transformers under the name `sparse_kv`, and the reference sparse decode.
+
+Prefill is dense (transformers' own SDPA path, GQA-native). At decode the layer's selector picks the tokens and
+`sparse_decode` attends exactly to them: gather at KV-head granularity (K/V are never repeated for GQA), softmax in
+fp32, output plus each query head's log-sum-exp. The attention function knows nothing about any method.
+
+The function finds its cache through the `sparse_cache` keyword that the runner passes to `model(...)`; transformers
+forwards unknown model kwargs to the attention function unchanged.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+from locks.selector import ConfigError, PrefillContext, Selection, StepStats, check_finite
+
+ATTENTION_NAME = "sparse_kv"
+
+
+def register_attention() -> str:
+    """Register `sparse_kv` (and the matching SDPA mask, without which transformers silently drops the causal mask)."""
+    AttentionInterface.register(ATTENTION_NAME, sparse_kv_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    return ATTENTION_NAME
+
+
+def gather_tokens(x: Tensor, indices: Tensor) -> Tensor:
+    """x [B, Hkv, L, d], indices [B, Hkv, Gs, K] -> [B, Hkv, Gs, K, d] (no copy of x per query head)."""
+    B, H, Gs, K = indices.shape
+    d = x.shape[-1]
+    flat = indices.reshape(B, H, Gs * K, 1).expand(B, H, Gs * K, d)
+    return torch.gather(x, 2, flat).view(B, H, Gs, K, d)
+
+
+def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: float) -> tuple[Tensor, Tensor]:
+    """Exact attention of one query token over the selected tokens.
+
+    query [B, Hq, d]; keys/values [B, Hkv, L, d]; returns (out [B, Hq, d] in query dtype, lse [B, Hq] fp32) with
+    lse_g = logsumexp_{i in T_g} scaling * q_g . k_i.
+    """
+    B, Hq, d = query.shape
+    Hkv = keys.shape[1]
+    G = Hq // Hkv
+    idx = sel.indices.clamp(0, keys.shape[2] - 1)
+    Gs = idx.shape[2]
+    k = sel.keys if sel.keys is not None else gather_tokens(keys, idx)
+    v = gather_tokens(values, idx)
+    q = query.view(B, Hkv, G, d).float()
+    if Gs == 1:
+        logits = torch.einsum("bhgd,bhkd->bhgk", q, k[:, :, 0].float())
+    else:
+        logits = torch.einsum("bhgd,bhgkd->bhgk", q, k.float())
+    logits = (logits * scaling).masked_fill(~sel.valid, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    p = torch.exp(logits - lse.unsqueeze(-1))
+    if Gs == 1:
+        out = torch.einsum("bhgk,bhkd->bhgd", p, v[:, :, 0].float())
+    else:
+        out = torch.einsum("bhgk,bhgkd->bhgd", p, v.float())
+    return out.reshape(B, Hq, d).to(query.dtype), lse.reshape(B, Hq)
+
+
+def dense_lse(query: Tensor, keys: Tensor, scaling: float, alive: Tensor | None = None) -> Tensor:
+    """logsumexp over all (alive) cached tokens per query head: [B, Hq]."""
+    B, Hq, d = query.shape
+    Hkv = keys.shape[1]
+    logits = torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, Hq // Hkv, d).float(), keys.float()) * scaling
+    if alive is not None:
+        logits = logits.masked_fill(~alive[:, :, None, :], float("-inf"))
+    return torch.logsumexp(logits, dim=-1).reshape(B, Hq)
+
+
+def attended_per_kv_head(sel: Selection, length: int) -> Tensor:
+    """Distinct tokens whose K/V are read, per (batch, KV head): the union over the group when Gs > 1."""
+    if sel.indices.shape[2] == 1:
+        return sel.valid[:, :, 0].sum(-1).float()
+    B, H, Gs, K = sel.indices.shape
+    read = torch.zeros(B, H, length, dtype=torch.bool, device=sel.indices.device)
+    read.scatter_(2, sel.indices.clamp(0, length - 1).reshape(B, H, Gs * K), sel.valid.reshape(B, H, Gs * K))
+    return read.sum(-1).float()
+
+
+def _alive_selection(alive: Tensor) -> Selection:
+    B, H, L = alive.shape
+    idx = torch.arange(L, device=alive.device).expand(B, H, 1, L)
+    return Selection(indices=idx, valid=alive[:, :, None, :].clone())
+
+
+def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention-function contract: query [B, Hq, q, d], key/value [B, Hkv, L, d] (whole cache)."""
+    cache = kwargs.get("sparse_cache")
+    if cache is None:
+        raise ConfigError(
+            "the sparse_kv attention needs its SelectorCache: call the model with `cache=c, sparse_cache=c` "
+            "(locks.generation.generate does this)"
+        )
+    layer_idx = module.layer_idx
+    selector = cache.selector(layer_idx)
+    info = cache.infos[layer_idx]
+    scaling = info.scaling if scaling is None else scaling
+
+    if cache.phase == "prefill":
+        check_finite("prompt keys", key)
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(key.shape[2], device=key.device).expand(key.shape[0], -1)
+        positions = positions.expand(key.shape[0], -1)
+        k, v = key.detach(), value.detach()  # selector state never takes part in autograd
+        ctx = PrefillContext(
+            keys=k, values=v, queries=query.detach(), positions=positions,
+            pre_rope_keys=lambda: cache.unrotate(k, positions),
+        )
+        selector.prefill(ctx)
+        return out, None
+
+    if query.shape[2] != 1:
+        raise ConfigError("decode steps take one token per sequence; set cache.phase='prefill' for prompts")
+    if attention_mask is not None and attention_mask.dtype == torch.bool and not bool(attention_mask.all()):
+        # Left padding would put pad tokens into pages and summaries of every method.
+        raise ConfigError("batches with left padding are not supported by the selectors; use batch size 1 "
+                          "(the runner does) or equal-length prompts")
+    selector.append(key.detach(), value.detach())
+    q = query[:, :, 0]
+    sel = selector.select(q.detach(), key.detach(), value.detach())
+    B, Hkv, L, d = key.shape
+    alive = None if selector.alive is None else selector.alive_mask(L)
+    if sel.dense and alive is not None:
+        sel = _alive_selection(alive)
+    elem = info.kv_element_bytes
+    full_bytes = 2.0 * L * d * elem * Hkv
+    lse = None
+    if sel.dense:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        attended = float(L)
+    else:
+        o, lse = sparse_decode(q, key, value, sel, scaling)
+        out = o.unsqueeze(1)  # [B, 1, Hq, d]
+        attended = float(attended_per_kv_head(sel, L).mean())
+    kv_bytes = sel.kv_bytes if sel.kv_bytes is not None else 2.0 * attended * d * elem * Hkv
+    stats = StepStats(
+        attended_tokens=attended,
+        forced_tokens=float(sel.forced_tokens),
+        metadata_bytes=float(sel.metadata_bytes),
+        kv_bytes=float(kv_bytes),
+        h2d_bytes=float(sel.h2d_bytes),
+        full_bytes=full_bytes,
+    )
+    coverage = None
+    if cache.measure_coverage:
+        coverage = torch.ones(B, q.shape[1]) if lse is None else torch.exp(lse - dense_lse(q, key, scaling)).cpu()
+    cache.stats.add(layer_idx, stats, L, coverage)
+    return out, None

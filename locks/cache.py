@@ -1,0 +1,148 @@
+"""The KV cache that carries one selector per layer next to the full K/V (transformers `Cache` + `CacheLayerMixin`).
+
+The cache never evicts physically: `get_seq_length()` is always the logical length (so RoPE positions stay right,
+`integration.md` pitfall 3) and a selector that evicts marks tokens dead in `Selector.alive` instead. The runner sets
+`cache.phase` ("prefill" / "decode") explicitly; the attention function reads it (pitfall 9).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, DynamicLayer
+
+from locks.selector import LayerInfo, MethodSpec, Selector, StepStats
+
+
+class SelectorLayer(DynamicLayer):
+    """K/V of one layer in a buffer that grows geometrically (no O(L) re-concatenation per step), plus its selector."""
+
+    def __init__(self, selector: Selector):
+        super().__init__()
+        self.selector = selector
+        self.length = 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.device = key_states.device
+        B, H, _, D = key_states.shape
+        self._k = key_states.new_empty(B, H, 0, D)
+        self._v = value_states.new_empty(B, H, 0, value_states.shape[-1])
+        self.is_initialized = True
+
+    def _grow(self, needed: int) -> None:
+        capacity = self._k.shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity, 256)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            buf = old.new_empty(old.shape[0], old.shape[1], new_capacity, old.shape[3])
+            buf[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, buf)
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        self._grow(self.length + n)
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def reset(self) -> None:
+        raise NotImplementedError("a SelectorCache holds per-sample selector state; build a new one per sample")
+
+
+@dataclass
+class DecodeStats:
+    """Per-sample accounting, summed over layers within a step and averaged over steps at the end."""
+
+    steps: int = 0
+    layer_steps: int = 0
+    bytes_read: float = 0.0
+    full_bytes: float = 0.0
+    metadata_bytes: float = 0.0
+    h2d_bytes: float = 0.0
+    attended_tokens: float = 0.0
+    forced_tokens: float = 0.0
+    context_tokens: float = 0.0
+    coverage_sum: float = 0.0
+    coverage_count: int = 0
+    per_layer_attended: dict = field(default_factory=dict)
+
+    def add(self, layer_idx: int, s: StepStats, context: int, coverage: Tensor | None) -> None:
+        self.layer_steps += 1
+        self.bytes_read += s.bytes_read
+        self.full_bytes += s.full_bytes
+        self.metadata_bytes += s.metadata_bytes
+        self.h2d_bytes += s.h2d_bytes
+        self.attended_tokens += s.attended_tokens
+        self.forced_tokens += s.forced_tokens
+        self.context_tokens += context
+        if coverage is not None:
+            self.coverage_sum += float(coverage.sum())
+            self.coverage_count += coverage.numel()
+
+    def summary(self) -> dict:
+        """Means per decode step (bytes: all layers and KV heads of one step; tokens: per layer and KV head)."""
+        steps = max(self.steps, 1)
+        layer_steps = max(self.layer_steps, 1)
+        return {
+            "decode_steps": self.steps,
+            "bytes_read_per_step": self.bytes_read / steps,
+            "full_bytes_per_step": self.full_bytes / steps,
+            "metadata_bytes_per_step": self.metadata_bytes / steps,
+            "h2d_bytes_per_step": self.h2d_bytes / steps,
+            "attended_tokens_per_step": self.attended_tokens / layer_steps,
+            "forced_tokens_per_step": self.forced_tokens / layer_steps,
+            "context_tokens_per_step": self.context_tokens / layer_steps,
+            "coverage": self.coverage_sum / self.coverage_count if self.coverage_count else None,
+        }
+
+
+class SelectorCache(Cache):
+    """A transformers `Cache` with one `SelectorLayer` per decoder layer, built for one model and one method."""
+
+    def __init__(self, model, method: MethodSpec, kv_element_bytes: int = 2, measure_coverage: bool = False):
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        infos = [
+            LayerInfo(
+                layer_idx=i,
+                num_heads=config.num_attention_heads,
+                num_kv_heads=config.num_key_value_heads,
+                head_dim=head_dim,
+                scaling=head_dim**-0.5,
+                kv_element_bytes=kv_element_bytes,
+            )
+            for i in range(config.num_hidden_layers)
+        ]
+        super().__init__(layers=[SelectorLayer(method.build(info)) for info in infos])
+        self.infos = infos
+        self.rotary_emb = model.model.rotary_emb
+        self.phase = "prefill"
+        self.measure_coverage = measure_coverage
+        self.stats = DecodeStats()
+
+    def selector(self, layer_idx: int) -> Selector:
+        return self.layers[layer_idx].selector
+
+    def unrotate(self, keys: Tensor, positions: Tensor) -> Tensor:
+        """Pre-RoPE keys from post-RoPE keys by the inverse rotation with the layer's own cos/sin.
+
+        Llama RoPE: k' = k*cos + rotate_half(k)*sin with cos, sin possibly scaled by an attention factor m
+        (cos = m cos(theta), sin = m sin(theta)). Rotating back by -theta gives
+        k'*cos - rotate_half(k')*sin = m^2 k, and m^2 = cos^2 + sin^2 elementwise, hence the division.
+        """
+        cos, sin = self.rotary_emb(keys, position_ids=positions)
+        cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+        k = keys.float()
+        half = k.shape[-1] // 2
+        rotated = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+        return ((k * cos - rotated * sin) / (cos * cos + sin * sin)).to(keys.dtype)

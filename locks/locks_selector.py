@@ -1,0 +1,51 @@
+"""LOCKS: per-page local low-rank key summaries scored by log-sum-exp (`specs/locks.md`).
+
+Every complete page of `page_size` post-RoPE keys per KV head gets (mu, V, C) from a rank-`rank` SVD of the centered
+keys, quantized to the 804 B/page layout (`quant=int`) or kept in fp32 (`quant=none`). The page score of query head g
+is S_{g,j} = logsumexp_i s (q_g . mu_j + (V_j^T q_g) . c_i); `PageSelector` aggregates over the group, adds the
+forced set and takes the top pages. Summaries are built in one batch at prefill and one page at a time during
+decode, when a page's last token arrives (A2); the partial page is attended densely until then.
+"""
+from locks.pages import PageSelector
+from locks.selector import ConfigError, register
+from locks.summaries import build_summaries, concat_summaries, page_scores, summary_bytes_per_page
+
+
+@register
+class LocksSelector(PageSelector):
+    name = "locks"
+
+    def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=64, sink_pages=1,
+                 aggregation="norm", quant="int"):
+        super().__init__(info, budget, budget_mode, page_size, recent_window, sink_pages, aggregation)
+        if not 0 <= rank < page_size:
+            raise ConfigError(f"method.rank must satisfy 0 <= rank < method.page_size={page_size} (got {rank})")
+        if quant not in ("int", "none"):
+            raise ConfigError(f"method.quant must be 'int' or 'none' (got {quant!r})")
+        self.rank = rank
+        self.quant = quant
+        self.summaries = None
+        self.pages_built = 0
+
+    def prefill(self, ctx):
+        n = self.page_size
+        self.pages_built = ctx.keys.shape[2] // n
+        self.summaries = build_summaries(ctx.keys[:, :, : self.pages_built * n], n, self.rank, self.quant)
+
+    def append(self, keys, values):
+        n = self.page_size
+        pages = keys.shape[2] // n
+        if pages > self.pages_built:
+            new = build_summaries(keys[:, :, self.pages_built * n : pages * n], n, self.rank, self.quant,
+                                  head_mean=self.summaries.head_mean)
+            self.summaries = concat_summaries(self.summaries, new)
+            self.pages_built = pages
+
+    def page_scores(self, query, keys, num_pages):
+        return page_scores(query, self.summaries, self.info.scaling)[..., :num_pages]
+
+    def scoring_bytes(self, num_candidates):
+        # A7: summaries of the candidate pages + the G queries + the aggregated score written and re-read (fp32).
+        info = self.info
+        return (summary_bytes_per_page(self.summaries) * num_candidates
+                + info.group_size * info.head_dim * info.kv_element_bytes + num_candidates * 4 * 2)

@@ -1,0 +1,141 @@
+"""Page selection shared by LOCKS and the Oracle: forced set, GQA aggregation of per-head page scores, top-k pages.
+
+Pages are `page_size` consecutive tokens; only complete pages are candidates. A subclass supplies per-query-head
+page scores S [B, Hq, P] (LOCKS: log-sum-exp of reconstructed logits; Oracle: exact page log-mass).
+
+Forced set F (`specs/locks.md` A3.1): the partial page (it has no summary), the sink page(s) and the complete pages
+of the last `recent_window` tokens. In `fair` mode the budget counts F: the partial page first, then sink pages, then
+recent pages newest first, each only while it fits, and the remaining budget // page_size pages are chosen by score
+(so the attended tokens never exceed `budget`; issue #2 overrides the spec's "128 pages + F"). In `paper` mode
+budget // page_size pages are chosen by score among all complete pages and only the partial page is forced (it
+cannot be scored; A2 attends it densely), so attended tokens may exceed the budget by at most page_size - 1.
+
+GQA aggregation of S_g over the G query heads of a KV head (A3.3), with log Z_g = logsumexp_j S_{g,j} over the
+candidate pages (plus the forced set's exact log-mass when the subclass knows it):
+    norm: A_j = logsumexp_g (S_{g,j} - log Z_g)     (default)
+    raw:  A_j = logsumexp_g S_{g,j}
+    max:  A_j = max_g (S_{g,j} - log Z_g)
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import torch
+from torch import Tensor
+
+from locks.selector import ConfigError, LayerInfo, Selection, Selector, log2_is_int
+
+AGGREGATIONS = ("norm", "raw", "max")
+
+
+def aggregate_heads(scores: Tensor, group: int, mode: str, candidates: Tensor, forced_log_mass: Tensor | None = None) -> Tensor:
+    """scores [B, Hq, P] per query head -> [B, Hkv, P] per KV head; non-candidate pages get -inf.
+
+    candidates [B, Hkv, P] bool; forced_log_mass [B, Hq] or None.
+    """
+    B, Hq, P = scores.shape
+    s = scores.float().view(B, Hq // group, group, P).masked_fill(~candidates[:, :, None, :], float("-inf"))
+    if mode == "raw":
+        return torch.logsumexp(s, dim=2)
+    log_z = torch.logsumexp(s, dim=-1, keepdim=True)  # [B, Hkv, G, 1]
+    if forced_log_mass is not None:
+        log_z = torch.logaddexp(log_z, forced_log_mass.float().view(B, Hq // group, group, 1))
+    normalized = s - log_z
+    if mode == "norm":
+        out = torch.logsumexp(normalized, dim=2)
+    elif mode == "max":
+        out = normalized.max(dim=2).values
+    else:
+        raise ConfigError(f"method.aggregation must be one of {AGGREGATIONS} (got {mode!r})")
+    return out.masked_fill(~candidates, float("-inf"))
+
+
+def pages_to_tokens(pages: Tensor, page_size: int) -> Tensor:
+    """pages [..., k] -> token indices [..., k * page_size]."""
+    offsets = torch.arange(page_size, device=pages.device)
+    return (pages.unsqueeze(-1) * page_size + offsets).flatten(-2)
+
+
+class PageSelector(Selector):
+    """Forced set + per-KV-head top-k pages by aggregated score. Subclasses implement `page_scores`."""
+
+    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
+                 recent_window: int = 64, sink_pages: int = 1, aggregation: str = "norm"):
+        super().__init__(info, budget, budget_mode)
+        if not log2_is_int(page_size):
+            raise ConfigError(f"method.page_size must be a power of two (got {page_size})")
+        if budget < page_size:
+            raise ConfigError(f"budget must be >= method.page_size={page_size} tokens for a page selector (got {budget})")
+        if recent_window < 0 or sink_pages < 0:
+            raise ConfigError(f"method.recent_window and method.sink_pages must be >= 0 (got {recent_window}, {sink_pages})")
+        if aggregation not in AGGREGATIONS:
+            raise ConfigError(f"method.aggregation must be one of {AGGREGATIONS} (got {aggregation!r})")
+        self.page_size = page_size
+        self.recent_window = recent_window
+        self.sink_pages = sink_pages
+        self.aggregation = aggregation
+
+    @abstractmethod
+    def page_scores(self, query: Tensor, keys: Tensor, num_pages: int) -> Tensor:
+        """-> S [B, Hq, num_pages]: per-query-head score of every complete page."""
+
+    @abstractmethod
+    def scoring_bytes(self, num_candidates: int) -> float:
+        """Bytes read per KV head to score `num_candidates` pages (summaries, queries, score round trips)."""
+
+    def forced_log_mass(self, query: Tensor, keys: Tensor, forced_tokens: Tensor) -> Tensor | None:
+        """Exact log-mass of the forced tokens per query head, if the method can know it (Oracle). Default: None."""
+        return None
+
+    def forced_pages(self, num_pages: int, room: int) -> list[int]:
+        """Complete pages always attended (fair mode): sink pages, then recent pages newest first, at most `room`."""
+        if self.budget_mode == "paper":
+            return []
+        order = list(range(min(self.sink_pages, num_pages)))
+        recent = -(-self.recent_window // self.page_size)
+        order += [p for p in range(num_pages - 1, max(num_pages - 1 - recent, -1), -1) if p not in order]
+        return order[:room]
+
+    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
+        B, Hkv, L, _ = keys.shape
+        n = self.page_size
+        num_pages, tail = divmod(L, n)
+        device = keys.device
+        if self.budget_mode == "fair":
+            room = (self.budget - tail) // n  # the partial page always fits: budget >= page_size > tail
+            forced = self.forced_pages(num_pages, room)
+            k_pages = room - len(forced)
+            max_tokens = self.budget
+        else:
+            forced = []
+            k_pages = self.budget // n
+            max_tokens = k_pages * n + n - 1
+        num_candidates = num_pages - len(forced)
+        forced_tokens = len(forced) * n + tail
+        tail_idx = torch.arange(num_pages * n, L, device=device).expand(B, Hkv, tail)
+        forced_idx = torch.tensor(sorted(forced), device=device, dtype=torch.long)
+
+        metadata_bytes = 0.0
+        if k_pages >= num_candidates:  # everything fits: no scoring needed, attend all tokens
+            chosen = torch.arange(num_pages, device=device).expand(B, Hkv, num_pages)
+            max_tokens = L
+        else:
+            candidates = torch.ones(B, Hkv, num_pages, dtype=torch.bool, device=device)
+            candidates[:, :, forced_idx] = False
+            scores = self.page_scores(query, keys, num_pages)
+            log_mass = None
+            if forced_tokens:
+                forced_token_idx = torch.cat([pages_to_tokens(forced_idx, n), tail_idx[0, 0]])
+                log_mass = self.forced_log_mass(query, keys, forced_token_idx)
+            agg = aggregate_heads(scores, self.info.group_size, self.aggregation, candidates, log_mass)
+            top = torch.topk(agg, k_pages, dim=-1).indices
+            chosen = torch.cat([top, forced_idx.expand(B, Hkv, len(forced))], -1).sort(dim=-1).values
+            metadata_bytes = self.scoring_bytes(num_candidates) * Hkv
+        tokens = torch.cat([pages_to_tokens(chosen, n), tail_idx], dim=-1)  # sorted, unique
+        valid = torch.ones_like(tokens, dtype=torch.bool)
+        pad = max_tokens - tokens.shape[-1]  # fixed size per step: pad with token 0, masked out
+        if pad > 0:
+            tokens = torch.cat([tokens, tokens.new_zeros(B, Hkv, pad)], -1)
+            valid = torch.cat([valid, valid.new_zeros(B, Hkv, pad)], -1)
+        return Selection(indices=tokens.unsqueeze(2), valid=valid.unsqueeze(2), forced_tokens=float(forced_tokens),
+                         metadata_bytes=float(metadata_bytes))

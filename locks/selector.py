@@ -1,0 +1,169 @@
+"""The one selector interface every method implements, and the registry that builds methods by name.
+
+A selector owns the per-layer state of one method (page summaries, low-rank factors, min/max metadata, ...) at
+KV-head granularity. The attention function (`locks/attention.py`) drives it with three hooks and never branches on
+the method:
+
+    prefill(ctx)            once per layer after the dense prefill: post-RoPE K/V, all prompt queries, positions,
+                            and `ctx.pre_rope_keys()`; may build state or permanently evict tokens (`Selector.alive`)
+    append(keys, values)    once per decode step, after the cache grew by the new token(s)
+    select(query, ...)      once per decode step: returns a `Selection` of token indices per (batch, KV head[, q head])
+
+Budget convention (`specs/budgets.md`): `budget` = tokens whose exact K/V enter the softmax, forced tokens included,
+unless a method's `budget_mode == "paper"` says otherwise; the forced (always-attended) tokens are reported
+separately in `Selection.forced_tokens`, and metadata traffic in `Selection.metadata_bytes`.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+
+class ConfigError(ValueError):
+    """A bad user-facing parameter; `run.py` prints it as one line and exits non-zero."""
+
+
+@dataclass
+class LayerInfo:
+    """Static facts of one attention layer."""
+
+    layer_idx: int
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+    kv_element_bytes: int = 2  # bytes per cached K/V element assumed by the bytes model (bf16 on GPU)
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+@dataclass
+class PrefillContext:
+    """What a selector sees once per layer after the (dense) prefill."""
+
+    keys: Tensor  # [B, Hkv, L, d] post-RoPE cached keys
+    values: Tensor  # [B, Hkv, L, d]
+    queries: Tensor  # [B, Hq, L, d] post-RoPE queries of the whole prompt (take the last window if needed)
+    positions: Tensor  # [B, L] RoPE positions of the cached tokens
+    pre_rope_keys: Callable[[], Tensor]  # -> [B, Hkv, L, d] keys before the rotation (inverted exactly, see cache.py)
+
+
+@dataclass
+class Selection:
+    """Tokens to attend at one decode step, one layer.
+
+    `indices` is [B, Hkv, Gs, K] (int64) with Gs = 1 (the whole GQA group shares the set) or Gs = G (each query head
+    has its own set); K is fixed for a step, invalid tail entries are masked by `valid` (same shape, bool).
+    `dense=True` means: attend every cached token (FullKV, or a selector whose budget covers the context).
+    `keys` optionally overrides the gathered keys ([B, Hkv, Gs, K, d]) for methods that attend reconstructed keys.
+    """
+
+    indices: Tensor | None = None
+    valid: Tensor | None = None
+    dense: bool = False
+    keys: Tensor | None = None
+    forced_tokens: float = 0.0  # always-attended extras among the attended tokens (mean per KV head)
+    metadata_bytes: float = 0.0  # summary/metadata bytes read this step, summed over KV heads (batch mean)
+    kv_bytes: float | None = None  # exact K/V bytes read, summed over KV heads; None -> computed from the indices
+    h2d_bytes: float = 0.0  # host-to-device bytes moved this step (offloading methods)
+
+    @staticmethod
+    def all_tokens() -> "Selection":
+        return Selection(dense=True)
+
+
+@dataclass
+class StepStats:
+    """Accounting of one decode step in one layer (all KV heads; batch mean)."""
+
+    attended_tokens: float  # tokens whose exact K/V enter the softmax, mean per KV head (union over the group)
+    forced_tokens: float
+    metadata_bytes: float
+    kv_bytes: float
+    h2d_bytes: float
+    full_bytes: float  # what FullKV reads for the same step: 2 * L * d * s per KV head
+
+    @property
+    def bytes_read(self) -> float:
+        return self.metadata_bytes + self.kv_bytes
+
+
+class Selector(ABC):
+    """Base class of every method. One instance per layer."""
+
+    name: ClassVar[str]
+
+    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair"):
+        if budget is None or budget <= 0:
+            raise ConfigError(f"budget must be a positive number of tokens (got {budget})")
+        if budget_mode not in ("fair", "paper"):
+            raise ConfigError(f"method.budget_mode must be 'fair' or 'paper' (got {budget_mode!r})")
+        self.info = info
+        self.budget = int(budget)
+        self.budget_mode = budget_mode
+        # Tokens permanently evicted at prefill are False here (None = nothing evicted). [B, Hkv, L]
+        self.alive: Tensor | None = None
+
+    def prefill(self, ctx: PrefillContext) -> None:
+        """Build per-layer state from the prompt. Default: nothing."""
+
+    def append(self, keys: Tensor, values: Tensor) -> None:
+        """The cache grew; `keys`/`values` are the whole cached [B, Hkv, L, d]. Default: nothing."""
+
+    @abstractmethod
+    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
+        """query [B, Hq, d] (post-RoPE, the current token); keys/values the whole cache [B, Hkv, L, d]."""
+
+    def alive_mask(self, length: int) -> Tensor | None:
+        """[B, Hkv, length] bool: tokens not evicted (tokens appended after the prefill are alive)."""
+        if self.alive is None:
+            return None
+        extra = length - self.alive.shape[-1]
+        if extra <= 0:
+            return self.alive[..., :length]
+        return torch.cat([self.alive, self.alive.new_ones(*self.alive.shape[:-1], extra)], dim=-1)
+
+    def extra_metrics(self) -> dict:
+        """Method-specific per-run numbers (hit rates, ...) merged into metrics.json."""
+        return {}
+
+
+SELECTORS: dict[str, type[Selector]] = {}
+
+
+def register(cls: type[Selector]) -> type[Selector]:
+    SELECTORS[cls.name] = cls
+    return cls
+
+
+@dataclass
+class MethodSpec:
+    """A method as configured: its registry name and keyword arguments (from `conf/method/<name>.yaml`)."""
+
+    name: str
+    budget: int
+    options: dict = field(default_factory=dict)
+
+    def build(self, info: LayerInfo) -> Selector:
+        import baselines  # noqa: F401  (registers the baselines)
+        import locks.locks_selector  # noqa: F401
+
+        if self.name not in SELECTORS:
+            raise ConfigError(f"unknown method {self.name!r}; choose one of {sorted(SELECTORS)}")
+        return SELECTORS[self.name](info, budget=self.budget, **self.options)
+
+
+def check_finite(name: str, x: Tensor) -> None:
+    if not torch.isfinite(x).all():
+        raise ConfigError(f"{name} contain NaN or inf; the model or its weights are broken (check model.dtype)")
+
+
+def log2_is_int(n: int) -> bool:
+    return n > 0 and (1 << int(math.log2(n))) == n

@@ -1,0 +1,125 @@
+"""CPU benchmark: batched LOCKS summary construction (spec A6) vs the per-page `torch.linalg.svd` loop.
+
+Times, on the same seeded keys of one layer-head ([1, 1, tokens, dim], bf16 values upcast to fp32):
+  (a) `page_svd` (batched Gram/eigh path, unquantized summaries),
+  (b) `build_summaries(quant="int")` (a + the 804 B/page quantization, C refit and rho^),
+  (c) the reference algorithm as a plain Python loop over pages: center, thin `torch.linalg.svd`, V = W[:, :r],
+      C = D V.
+Reports medians over --repeats (the loop is timed --loop-repeats times, default 1, since it is slow) and the
+ratios loop / batched; writes everything to a JSON file.
+
+    python scripts/bench_summaries.py --tokens 65536 --dim 128 --repeats 3 [--out results/bench_summaries.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from locks.summaries import build_summaries, page_svd  # noqa: E402
+
+
+def loop_svd(keys: torch.Tensor, page_size: int, rank: int):
+    """The straightforward reference: one thin SVD per page in a Python loop."""
+    x = keys[0, 0].float()
+    P = x.shape[0] // page_size
+    mus, vs, cs = [], [], []
+    for j in range(P):
+        page = x[j * page_size : (j + 1) * page_size]
+        mu = page.mean(dim=0)
+        D = page - mu
+        _, _, Wh = torch.linalg.svd(D, full_matrices=False)
+        V = Wh[:rank].T
+        mus.append(mu)
+        vs.append(V)
+        cs.append(D @ V)
+    return mus, vs, cs
+
+
+def timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--loop-repeats", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's default)")
+    ap.add_argument("--out", type=str, default=None, help="JSON output path")
+    args = ap.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(args.seed)
+    keys = torch.randn(1, 1, args.tokens, args.dim, generator=g).to(torch.bfloat16)
+    n, r = args.page_size, args.rank
+    pages = args.tokens // n
+
+    # warm-up (allocator, LAPACK/BLAS init) on a small slice
+    warm = keys[:, :, : min(args.tokens, 64 * n)]
+    page_svd(warm, n, r)
+    build_summaries(warm, n, r, "int")
+    loop_svd(warm, n, r)
+
+    t_a = timed(lambda: page_svd(keys, n, r), args.repeats)
+    t_b = timed(lambda: build_summaries(keys, n, r, "int"), args.repeats)
+    t_c = timed(lambda: loop_svd(keys, n, r), args.loop_repeats)
+    med = {k: statistics.median(v) for k, v in (("page_svd", t_a), ("build_int", t_b), ("loop_svd", t_c))}
+    ratios = {"loop/page_svd": med["loop_svd"] / med["page_svd"], "loop/build_int": med["loop_svd"] / med["build_int"]}
+
+    print(f"tokens={args.tokens} pages={pages} dim={args.dim} n={n} r={r} torch={torch.__version__} "
+          f"threads={torch.get_num_threads()}")
+    print(f"{'method':<34}{'median s':>10}{'us/page':>10}{'loop/x':>9}")
+    rows = [("(a) page_svd (batched, fp32)", "page_svd"), ("(b) build_summaries quant=int", "build_int"),
+            ("(c) per-page torch.linalg.svd loop", "loop_svd")]
+    for label, key in rows:
+        ratio = med["loop_svd"] / med[key]
+        print(f"{label:<34}{med[key]:>10.4f}{1e6 * med[key] / max(pages, 1):>10.2f}{ratio:>8.1f}x")
+
+    result = {
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]) if argv is None else argv,
+        "tokens": args.tokens,
+        "pages": pages,
+        "dim": args.dim,
+        "page_size": n,
+        "rank": r,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "loop_repeats": args.loop_repeats,
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "times_s": {"page_svd": t_a, "build_int": t_b, "loop_svd": t_c},
+        "median_s": med,
+        "ratios": ratios,
+        "target_ratio": 20.0,
+    }
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

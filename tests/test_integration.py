@@ -1,0 +1,123 @@
+"""transformers integration: the registered attention function against the stock SDPA model."""
+import pytest
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface, LlamaConfig, LlamaForCausalLM
+
+from locks.attention import ATTENTION_NAME, register_attention
+from locks.cache import SelectorCache
+from locks.generation import generate
+from locks.selector import ConfigError, MethodSpec
+from tests.conftest import TINY_LLAMA
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, attn_implementation="sdpa")).eval()
+    return model
+
+
+def stock_greedy(model, ids, n):
+    model.set_attn_implementation("sdpa")
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+def ours(model, ids, n, method="fullkv", budget=4096, **options):
+    model.set_attn_implementation(register_attention())
+    cache = SelectorCache(model, MethodSpec(method, budget, options))
+    return generate(model, cache, ids, n), cache
+
+
+def test_attention_and_mask_registered_under_one_name():
+    register_attention()
+    assert ATTENTION_NAME in AttentionInterface._global_mapping
+    assert ATTENTION_NAME in AttentionMaskInterface._global_mapping
+
+
+def test_fullkv_token_identical_to_stock_sdpa_tiny(tiny):
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 333), generator=torch.Generator().manual_seed(1))
+    ref = stock_greedy(tiny, ids, 40)
+    out, cache = ours(tiny, ids, 40)
+    assert torch.equal(out, ref)
+    s = cache.stats.summary()
+    assert s["decode_steps"] == 39 and s["bytes_read_per_step"] == s["full_bytes_per_step"]
+
+
+def teacher_forced_logits(model, ids, continuation, method, budget, **options):
+    """Logits of every decode step when the continuation is fed token by token through the SelectorCache."""
+    model.set_attn_implementation(register_attention())
+    cache = SelectorCache(model, MethodSpec(method, budget, options))
+    cache.phase = "prefill"
+    logits = [model(input_ids=ids, cache=cache, sparse_cache=cache).logits[:, -1]]
+    cache.phase = "decode"
+    for i, token in enumerate(continuation[0, :-1]):
+        pos = torch.tensor([[ids.shape[1] + i]])
+        logits.append(model(input_ids=token.view(1, 1), position_ids=pos, cache=cache, sparse_cache=cache).logits[:, -1])
+    return torch.stack(logits, 1)
+
+
+@pytest.mark.parametrize("method,options", [("locks", {}), ("locks", {"quant": "none"}), ("oracle", {}),
+                                            ("locks", {"budget_mode": "paper"})])
+def test_selectors_with_budget_covering_context_match_fullkv(tiny, method, options):
+    # Random-weight logits are nearly tied, so compare logits along the FullKV trajectory, not argmax tokens.
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 300), generator=torch.Generator().manual_seed(2))
+    ref_tokens = stock_greedy(tiny, ids, 30)
+    ref = teacher_forced_logits(tiny, ids, ref_tokens, "fullkv", 4096)
+    got = teacher_forced_logits(tiny, ids, ref_tokens, method, 4096, **options)
+    assert torch.allclose(got, ref, atol=1e-5, rtol=0)
+
+
+def test_sparse_budget_reads_fewer_bytes(tiny):
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 600), generator=torch.Generator().manual_seed(3))
+    out, cache = ours(tiny, ids, 10, "locks", 128)
+    s = cache.stats.summary()
+    assert s["attended_tokens_per_step"] <= 128
+    assert s["bytes_read_per_step"] < 0.5 * s["full_bytes_per_step"]
+    assert 0 < s["coverage" if s["coverage"] is not None else "attended_tokens_per_step"]
+
+
+def test_batch_of_equal_length_prompts_matches_single_rows(tiny):
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 250), generator=torch.Generator().manual_seed(4))
+    both, _ = ours(tiny, ids, 12, "locks", 96)
+    for row in range(2):
+        single, _ = ours(tiny, ids[row:row + 1], 12, "locks", 96)
+        assert torch.equal(both[row, : single.shape[1]], single[0])
+
+
+def test_left_padding_raises_a_clear_error(tiny):
+    tiny.set_attn_implementation(register_attention())
+    cache = SelectorCache(tiny, MethodSpec("locks", 64))
+    ids = torch.randint(1, 100, (2, 40))
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0
+    cache.phase = "prefill"
+    tiny(input_ids=ids, attention_mask=mask, cache=cache, sparse_cache=cache)
+    cache.phase = "decode"
+    with pytest.raises(ConfigError, match="left padding"):
+        tiny(input_ids=ids[:, :1], attention_mask=torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1),
+             position_ids=torch.full((2, 1), 40), cache=cache, sparse_cache=cache)
+
+
+def test_pre_rope_keys_equal_the_key_projection(tiny):
+    captured = {}
+    hook = tiny.model.layers[1].self_attn.k_proj.register_forward_hook(lambda m, i, o: captured.setdefault("k", o))
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 120))
+    _, cache = ours(tiny, ids, 1)
+    hook.remove()
+    H, d = TINY_LLAMA["num_key_value_heads"], TINY_LLAMA["head_dim"]
+    k_pre = captured["k"].view(1, 120, H, d).transpose(1, 2)
+    unrotated = cache.unrotate(cache.layers[1].keys, torch.arange(120)[None])
+    assert torch.allclose(unrotated, k_pre, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_embedded_model_fullkv_token_identical_to_stock_sdpa(embedded):
+    tok, model = embedded.tokenizer, embedded.model
+    text = tok.apply_chat_template([{"role": "user", "content": "Summarize: " + "The grass is green. " * 60}],
+                                   add_generation_prompt=True, tokenize=False)
+    ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
+    ref = stock_greedy(model, ids, 16)
+    out, _ = ours(model, ids, 16)
+    model.set_attn_implementation(ATTENTION_NAME)
+    assert torch.equal(out, ref)

@@ -1,0 +1,124 @@
+"""run.py end to end: results files, resume after SIGKILL, W&B offline files, bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model=tiny_random_llama", "benchmark.context_length=1024", "logger=none"]
+
+
+def run(args, tmp_path, timeout=600, **kw):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_SILENT="true")
+    cmd = [sys.executable, str(ROOT / "run.py"), f"paths.runs_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def the_run_dir(tmp_path):
+    dirs = [p for p in tmp_path.iterdir() if (p / "config.yaml").exists()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def read_rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
+
+
+def test_tiny_run_writes_results_and_resumes_after_sigkill(tmp_path):
+    args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=3", "benchmark.tasks=[niah_single_1,niah_multikey_3]"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    cmd = [sys.executable, str(ROOT / "run.py"), f"paths.runs_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    pred = None
+    while time.time() < deadline:
+        found = list(tmp_path.glob("*/predictions.jsonl"))
+        if found and len(found[0].read_text().splitlines()) >= 2:
+            pred = found[0]
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert pred is not None, "no sample finished before the deadline"
+    with open(pred, "a") as f:
+        f.write('{"task": "niah_single_1", "ind')  # a torn line, as if killed mid-write
+    before = len(read_rows_safe(pred))
+    assert 2 <= before < 6
+
+    result = run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = the_run_dir(tmp_path)
+    rows = read_rows(run_dir)
+    keys = [(r["task"], r["index"]) for r in rows]
+    assert len(keys) == 6 and len(set(keys)) == 6
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert set(metrics["scores"]) == {"niah_single_1", "niah_multikey_3"}
+    for field in ("average", "attended_fraction", "bytes_read_ratio", "versions", "device", "dtype", "seed"):
+        assert field in metrics
+    assert metrics["attended_tokens_per_step"] <= 128 and metrics["bytes_read_ratio"] < 1
+    for r in rows:
+        for field in ("prompt_tokens", "prediction", "references", "score", "attended_tokens_per_step",
+                      "bytes_read_per_step", "full_bytes_per_step"):
+            assert field in r
+        assert 800 < r["prompt_tokens"] <= 1024 - 128  # prompt + tokens to generate fit the context
+    assert "average" in result.stdout
+
+    # a rerun of a finished config does no new work and duplicates nothing
+    again = run(args, tmp_path)
+    assert again.returncode == 0 and "0 to go" in again.stdout
+    assert read_rows(run_dir) == rows
+
+
+def read_rows_safe(path):
+    return [json.loads(l) for l in path.read_text().splitlines() if l.endswith("}")]
+
+
+def test_wandb_offline_run_holds_the_summary(tmp_path):
+    args = ["model=tiny_random_llama", "benchmark.context_length=512", "benchmark.num_samples=1",
+            "benchmark.tasks=[niah_single_1]", "method=oracle", "budget=64", "logger=wandb", "logger.mode=offline"]
+    result = run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = the_run_dir(tmp_path)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    offline = list(run_dir.glob("wandb/offline-run-*"))
+    assert len(offline) == 1
+    # the per-task table as logged, and the per-sample rows
+    table = json.loads(next(offline[0].glob("files/media/table/per_task_*.table.json")).read_text())
+    assert table["data"] == [["niah_single_1", metrics["scores"]["niah_single_1"], 1]]
+    assert list(offline[0].glob("files/media/table/predictions_*.table.json"))
+    # the summary and config records in the offline run log (protobuf; keys are stored as plain strings)
+    log = next(offline[0].glob("run-*.wandb")).read_bytes()
+    for key in (b"score/niah_single_1", b"bytes_read_ratio", b"attended_fraction", b"budget_mode"):
+        assert key in log
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["method=nosuch"], "Available options"),
+    (["budget=0"], "budget must be a positive"),
+    (["method.rank=16"], "method.rank"),
+    (["method.page_size=12"], "method.page_size"),
+    (["benchmark.tasks=[niah_nothing]"], "benchmark.tasks"),
+    (["benchmark.context_length=100000"], "benchmark.context_length=100000 exceeds"),
+    (["benchmark.tasks=[niah_single_2]"], "essay_path"),
+])
+def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, expected):
+    result = run(TINY + args, tmp_path)
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_embedded_model_end_to_end(tmp_path):
+    args = ["method=locks", "budget=256", "benchmark.context_length=1024", "benchmark.num_samples=1", "logger=none"]
+    result = run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((the_run_dir(tmp_path) / "metrics.json").read_text())
+    assert set(metrics["scores"]) == {"niah_single_1", "niah_multikey_2", "niah_multikey_3"}
+    assert metrics["model"] == "smollm2_135m" and metrics["attended_tokens_per_step"] <= 256
+    assert "average" in result.stdout
