@@ -5,8 +5,8 @@ A5.1 bounds, A6 batched Gram/eigh SVD, A7b layout). Shapes are per layer: keys `
 size n (power of two), rank r (0 <= r < n), P = L // n complete pages (the trailing partial page is ignored).
 Query heads map to KV heads like HF `repeat_kv`: query head g belongs to KV head g // G, G = Hq // H.
 
-Everything is computed in fp32 (fp64 for the residual norms rho); fp16/bf16/int only appear as storage formats.
-Choices where the spec is silent are marked "[choice]".
+Everything is computed in fp32; fp16/bf16/int only appear as storage formats. Construction runs in chunks of pages
+with no Python loop over individual pages. Choices where the spec is silent are marked "[choice]".
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class PageSummaries:
     mu: Tensor  # [B,H,P,d]   page means
     v: Tensor  # [B,H,P,d,r] orthonormal columns (masked columns are zero)
     c: Tensor  # [B,H,P,n,r] coefficients C = D V
-    rho: Tensor  # [B,H,P]     max_i ||k_i - (mu + V c_i)||_2, rounded up to fp32
+    rho: Tensor  # [B,H,P]     max_i ||k_i - (mu + V c_i)||_2 (evaluated in fp32)
     sigma: Tensor  # [B,H,P,n]   singular values of the centered page, descending
     head_mean: Tensor  # [B,H,d]     m_h (not used for scoring; kept so quantize/concat see the same value)
 
@@ -112,15 +112,16 @@ def _round_up(x: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(below, torch.nextafter(y, torch.full_like(y, math.inf)), y)
 
 
-def _quant_sym(x: Tensor, qmax: int, dim: int) -> tuple[Tensor, Tensor]:
+def _quant_sym(x: Tensor, qmax: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Symmetric per-slice quantization along `dim`: scale = max|x|/qmax (fp32), q = clip(round_half_even(x/scale)).
 
-    Zero scale => scale 1 and zeros. Returns (q as int8, scale with `dim` kept as size 1).
+    Zero scale => scale 1 and zeros. Returns (q as int8, scale, zero-slice mask), `dim` kept as size 1.
     """
     scale = x.abs().amax(dim=dim, keepdim=True) / qmax
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    zero = scale == 0
+    scale = torch.where(zero, torch.ones_like(scale), scale)
     q = torch.round(x / scale).clamp_(-qmax, qmax).to(torch.int8)
-    return q, scale
+    return q, scale, zero
 
 
 def _group_q(q: Tensor, H: int) -> Tensor:
@@ -152,13 +153,24 @@ def pack_int4(x: Tensor, dim: int = -1, check: bool = True) -> Tensor:
     return packed.movedim(-1, dim)
 
 
+_NIBBLE_PAIRS: dict = {}
+
+
+def _nibble_table(device: torch.device) -> Tensor:
+    """[256, 2] int8: the (low, high) signed nibbles of every byte value (one gather unpacks a whole tensor)."""
+    if device not in _NIBBLE_PAIRS:
+        b = torch.arange(256, dtype=torch.int16)
+        nib = torch.stack((b & 0xF, (b >> 4) & 0xF), dim=-1)
+        _NIBBLE_PAIRS[device] = torch.where(nib >= 8, nib - 16, nib).to(torch.int8).to(device)
+    return _NIBBLE_PAIRS[device]
+
+
 def unpack_int4(p: Tensor, dim: int = -1) -> Tensor:
     """Inverse of pack_int4: uint8 [..., m, ...] -> int8 [..., 2m, ...] along `dim`."""
     if p.dtype != torch.uint8:
         raise TypeError(f"unpack_int4 expects uint8 (got {p.dtype})")
-    p = p.movedim(dim, -1).to(torch.int16)
-    nib = torch.stack((p & 0xF, (p >> 4) & 0xF), dim=-1).flatten(-2)
-    nib = torch.where(nib >= 8, nib - 16, nib).to(torch.int8)
+    p = p.movedim(dim, -1)
+    nib = _nibble_table(p.device)[p.long()].flatten(-2)
     return nib.movedim(-1, dim)
 
 
@@ -171,8 +183,6 @@ def unpack_int4(p: Tensor, dim: int = -1) -> Tensor:
 
 _CHUNK_CPU = 512
 _CHUNK_GPU = 32768
-_EIGH_POOL = None
-_EIGH_POOL_KEY = None
 
 
 def _chunk(device: torch.device) -> int:
@@ -182,23 +192,9 @@ def _chunk(device: torch.device) -> int:
 def _eigh_vectors(G: Tensor) -> Tensor:
     """Eigenvectors of a batch of symmetric matrices (ascending eigenvalues), [N, n, n].
 
-    [choice] On CPU, torch's batched eigh runs one LAPACK call per matrix on one thread; the batch is split over a
-    small thread pool (torch ops release the GIL). Per-matrix results are unchanged by the split."""
-    global _EIGH_POOL, _EIGH_POOL_KEY
-    nt = torch.get_num_threads()
-    if G.device.type != "cpu" or nt < 2 or G.shape[0] < 256:
-        return torch.linalg.eigh(G)[1]
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    key = (os.getpid(), nt)
-    if _EIGH_POOL is None or _EIGH_POOL_KEY != key:  # (re)create after a fork or a thread-count change
-        _EIGH_POOL = ThreadPoolExecutor(max_workers=nt - 1, thread_name_prefix="locks-eigh")
-        _EIGH_POOL_KEY = key
-    parts = G.chunk(nt)
-    futures = [_EIGH_POOL.submit(torch.linalg.eigh, part) for part in parts[1:]]
-    first = torch.linalg.eigh(parts[0])[1]
-    return torch.cat([first] + [f.result()[1] for f in futures])
+    [choice] One batched call. (Splitting the CPU batch over Python threads halves its time on an idle machine but
+    leaves MKL's OpenMP state such that later small LAPACK calls of the whole process run ~2x slower, so no.)"""
+    return torch.linalg.eigh(G)[1]
 
 
 def _gram_schmidt(W: Tensor, keep: Tensor) -> Tensor:
@@ -239,31 +235,33 @@ def _orthonormalize(W: Tensor, keep: Tensor) -> Tensor:
     return Q
 
 
-def page_svd(keys: Tensor, page_size: int = 16, rank: int = 8) -> PageSummaries:
-    """Batched per-page rank-r SVD of the centered pages via the n x n Gram matrix and batched eigh (spec A6).
-
-    No loop over pages (only over chunks of pages and, in the rare Gram-Schmidt fallback, over the r columns).
-    head_mean = mean of mu over the pages (zeros if P == 0).
-    """
-    _check_page_rank(page_size, rank)
+def _flat_pages(keys: Tensor, page_size: int) -> tuple[Tensor, tuple[int, int, int, int]]:
+    """[B,H,L,d] -> complete pages [B*H*P, n, d] (original dtype; a view when possible), and (B, H, P, d)."""
     if keys.dim() != 4:
         raise ValueError(f"keys must be [B, H, L, d] (got shape {tuple(keys.shape)})")
     B, H, L, d = keys.shape
-    n, r = page_size, rank
-    P = L // n
+    P = L // page_size
+    return keys[:, :, : P * page_size].reshape(B * H * P, page_size, d), (B, H, P, d)
+
+
+def _summarize(keys: Tensor, n: int, r: int, quant: str, head_mean: Tensor | None) -> Summaries:
+    """Shared driver of page_svd / build_summaries (A6, then A4 per chunk when quant == "int").
+
+    Pass 1 computes the means and Gram matrices, one batched eigh follows, pass 2 computes V (and either C, rho,
+    sigma or the quantized fields). For quant="int" the unquantized C/rho/sigma are not materialized; the result is
+    bitwise identical to quantize(page_svd(keys), keys, head_mean) (same per-chunk code, tested).
+    """
+    _check_page_rank(n, r)
+    flat, (B, H, P, d) = _flat_pages(keys, n)
+    if quant == "int" and d % 2:
+        raise ValueError(f"head dim must be even for int4 packing (got {d})")
     N = B * H * P
     dev = keys.device
     f32 = torch.float32
-    flat = keys[:, :, : P * n].reshape(N, n, d)
     ch = _chunk(dev)
 
     mu = torch.empty(N, d, dtype=f32, device=dev)
-    V = torch.empty(N, d, r, dtype=f32, device=dev)
-    C = torch.empty(N, n, r, dtype=f32, device=dev)
-    rho = torch.empty(N, dtype=f32, device=dev)
-    sigma = torch.empty(N, n, dtype=f32, device=dev)
     gram = torch.empty(N, n, n, dtype=f32, device=dev)
-
     # pass 1: means and Gram matrices (A6 steps 1-2; fp32, never bf16/fp16).
     for i in range(0, N, ch):
         X = flat[i : i + ch].to(f32)
@@ -274,10 +272,25 @@ def page_svd(keys: Tensor, page_size: int = 16, rank: int = 8) -> PageSummaries:
     # step 3: scale each Gram by 1/||D||_F^2 (scale-free tolerances), batched eigh, descending order.
     fro = gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_(min=0).sqrt_()  # ||D||_F per page
     gram /= torch.where(fro > 0, fro * fro, 1.0)[:, None, None]
-    Ut = _eigh_vectors(gram).flip(-1).mT if N else gram  # rows = eigenvectors, descending eigenvalues
+    Ut = _eigh_vectors(gram).flip(-1).mT.contiguous() if N else gram  # rows = eigenvectors, descending eigenvalues
     del gram
 
-    # pass 2: sigma, rank mask, V, C, rho. V is handled row-major ([c, r, d], rows = columns of V).
+    mu5 = mu.reshape(B, H, P, d)
+    if head_mean is None:
+        m_h = mu5.mean(dim=2) if P else torch.zeros(B, H, d, dtype=f32, device=dev)
+    else:
+        m_h = head_mean.to(device=dev, dtype=f32).expand(B, H, d).contiguous()
+    if quant == "int":
+        out = _empty_quant(N, n, r, d, dev)
+        mh_idx = torch.arange(B * H, device=dev).repeat_interleave(P)  # page -> (b, h) row of head_mean
+        mh_flat = m_h.reshape(B * H, d)
+    else:
+        V = torch.empty(N, d, r, dtype=f32, device=dev)
+        C = torch.empty(N, n, r, dtype=f32, device=dev)
+        rho = torch.empty(N, dtype=f32, device=dev)
+        sigma = torch.empty(N, n, dtype=f32, device=dev)
+
+    # pass 2: sigma, rank mask, V (row-major W = V^T, [c, r, d]), then C and rho, or the quantized fields.
     for i in range(0, N, ch):
         X = flat[i : i + ch].to(f32)
         D = X - mu[i : i + ch].unsqueeze(1)
@@ -285,9 +298,6 @@ def page_svd(keys: Tensor, page_size: int = 16, rank: int = 8) -> PageSummaries:
         # ~eps*sigma_1 instead of ~sqrt(eps)*sigma_1, so small singular values and the rank mask are accurate.
         Y = Ut[i : i + ch] @ D  # [c, n, d]; row m = sigma_m * (right singular vector m)
         sig = torch.linalg.vector_norm(Y, dim=-1)  # [c, n], eigh order
-        # Reported sigma is sorted descending; V's columns keep eigh's order, which can differ from the sorted order
-        # only between numerically tied singular values (where either choice is an equally valid basis).
-        sigma[i : i + ch] = torch.sort(sig, dim=-1, descending=True).values
         sig_r = sig[:, :r]
         # A6 step 4: keep column m iff sigma_m > max(tau_rel * sigma_1, tau_abs * ||D||_F).
         thresh = torch.maximum(TAU_REL * sig.amax(dim=-1), TAU_ABS * fro[i : i + ch])
@@ -297,6 +307,12 @@ def page_svd(keys: Tensor, page_size: int = 16, rank: int = 8) -> PageSummaries:
         # sign canonicalization: the largest-|entry| of each column of V is positive (zero columns untouched).
         big = torch.gather(W, 2, W.abs().argmax(dim=2, keepdim=True))  # [c, r, 1]
         W = W * torch.where(big < 0, -1.0, 1.0)
+        if quant == "int":
+            _quantize_chunk(out, i, X, D, mu[i : i + ch], W, mh_flat[mh_idx[i : i + ch]])
+            continue
+        # Reported sigma is sorted descending; V's columns keep eigh's order, which can differ from the sorted order
+        # only between numerically tied singular values (where either choice is an equally valid basis).
+        sigma[i : i + ch] = torch.sort(sig, dim=-1, descending=True).values
         Cc = D @ W.mT
         # rho = max_i ||D_i - C_i V^T||, evaluated in fp32 (equals the exact residual of the stored fp32 mu, V, C
         # up to ~1e-7 ||D_i||; no extra margin so that rho <= sigma_{r+1} stays testable at 1e-5).
@@ -305,10 +321,19 @@ def page_svd(keys: Tensor, page_size: int = 16, rank: int = 8) -> PageSummaries:
         V[i : i + ch] = W.mT
         C[i : i + ch] = Cc
 
-    mu = mu.reshape(B, H, P, d)
-    head_mean = mu.mean(dim=2) if P else torch.zeros(B, H, d, dtype=f32, device=dev)
-    return PageSummaries(mu=mu, v=V.reshape(B, H, P, d, r), c=C.reshape(B, H, P, n, r), rho=rho.reshape(B, H, P),
-                         sigma=sigma.reshape(B, H, P, n), head_mean=head_mean)
+    if quant == "int":
+        return _quant_result(out, m_h, B, H, P)
+    return PageSummaries(mu=mu5, v=V.reshape(B, H, P, d, r), c=C.reshape(B, H, P, n, r), rho=rho.reshape(B, H, P),
+                         sigma=sigma.reshape(B, H, P, n), head_mean=m_h)
+
+
+def page_svd(keys: Tensor, page_size: int = 16, rank: int = 8) -> PageSummaries:
+    """Batched per-page rank-r SVD of the centered pages via the n x n Gram matrix and batched eigh (spec A6).
+
+    No loop over pages (only over chunks of pages and, in the rare Gram-Schmidt fallback, over the r columns).
+    head_mean = mean of mu over the pages (zeros if P == 0).
+    """
+    return _summarize(keys, page_size, rank, "none", None)
 
 
 def _dequant_parts(mu_int, mu_scale, m_h, vint_rows, c_int, w):
@@ -324,95 +349,98 @@ def _dequant_parts(mu_int, mu_scale, m_h, vint_rows, c_int, w):
     return mu_hat, v_hat, c_hat
 
 
+def _empty_quant(N: int, n: int, r: int, d: int, dev) -> dict:
+    return dict(
+        mu_int=torch.empty(N, d, dtype=torch.int8, device=dev),
+        mu_scale=torch.empty(N, dtype=torch.float16, device=dev),
+        v_pack=torch.empty(N, r, d // 2, dtype=torch.uint8, device=dev),
+        c_int=torch.empty(N, n, r, dtype=torch.int8, device=dev),
+        w=torch.empty(N, r, dtype=torch.float32, device=dev),
+        rho=torch.empty(N, dtype=torch.float16, device=dev),
+    )
+
+
+def _quant_result(out: dict, m_h: Tensor, B: int, H: int, P: int) -> QuantizedPageSummaries:
+    return QuantizedPageSummaries(head_mean=m_h, **{k: t.reshape(B, H, P, *t.shape[1:]) for k, t in out.items()})
+
+
+def _quantize_chunk(out: dict, i: int, X: Tensor, D: Tensor, mu: Tensor, W: Tensor, mh: Tensor) -> None:
+    """A4 quantization of one chunk of pages, written into out[...][i : i + c].
+
+    X [c,n,d] fp32 keys, D = X - mu, mu [c,d], W [c,r,d] = V^T (orthonormal rows, masked rows zero), mh [c,d]."""
+    c, n, d = X.shape
+    r = W.shape[1]
+    f32 = torch.float32
+    u = torch.finfo(f32).eps / 2  # unit roundoff
+    sl = slice(i, i + c)
+    # mu: a = max|mu - m_h| / 127 rounded UP to fp16, so |mu - m_h| / a <= 127 (clipping never triggers and the
+    # round-trip error stays <= a/2 for the stored scale). Zero scale => 1 and zeros.
+    # [choice] |mu - m_h| > 127 * 65504 would overflow the fp16 scale; post-RoPE keys are nowhere near that.
+    delta = mu - mh
+    a = delta.abs().amax(dim=-1) / MU_QMAX
+    a16 = torch.where(a > 0, _round_up(a, torch.float16), torch.ones_like(a, dtype=torch.float16))
+    mi = torch.round(delta / a16.float().unsqueeze(-1)).clamp_(-MU_QMAX, MU_QMAX).to(torch.int8)
+
+    # V: int4 per column m (scale b_m over the d channels), row-major [c, r, d] = the v_pack layout.
+    vrows, b, zero_col = _quant_sym(W, V_QMAX, dim=-1)  # b [c, r, 1]; zero_col: masked columns
+    Wq = vrows.float() * b  # V^ transposed
+
+    # C refit against V^: C = D V^ (V^T V^)^-1; a 1 on the diagonal of masked (zero) columns makes their
+    # coefficients exactly 0 and keeps the r x r system regular.
+    DV = D @ Wq.mT  # [c, n, r]
+    if r:
+        A = Wq @ Wq.mT + torch.diag_embed(zero_col.squeeze(-1).to(f32))
+        Cf = torch.linalg.solve(A, DV.mT).mT
+    else:
+        Cf = DV
+    ci, t, _ = _quant_sym(Cf, C_QMAX, dim=-2)  # t [c, 1, r]
+    wc = b.squeeze(-1) * t.squeeze(-2)
+
+    # rho^ = max_i ||k_i - k^_i|| on exactly the tensors dequantize() returns. The fp32 evaluation error is bounded
+    # (first order) by u||E_i|| + r u sum_m |c^_im| (unit v^ columns) + (d+2) u ||R_i||; twice that is added before
+    # rounding up to fp16, so rho^ is an upper bound of the exact residual of the stored summary.
+    mu_hat, v_hat, c_hat = _dequant_parts(mi, a16, mh, vrows, ci, wc)
+    E = X - mu_hat.unsqueeze(1)
+    R = torch.baddbmm(E, c_hat, v_hat.mT, alpha=-1.0)
+    rn = torch.linalg.vector_norm(R, dim=-1)
+    margin = 2 * u * (torch.linalg.vector_norm(E, dim=-1) + (r + 1) * c_hat.abs().sum(-1) + (d + 2) * rn)
+
+    out["rho"][sl] = _round_up((rn + margin).amax(dim=-1), torch.float16)
+    out["mu_int"][sl] = mi
+    out["mu_scale"][sl] = a16
+    out["v_pack"][sl] = pack_int4(vrows, dim=-1, check=False)
+    out["c_int"][sl] = ci
+    out["w"][sl] = wc
+
+
 def quantize(s: PageSummaries, keys: Tensor, head_mean: Tensor) -> QuantizedPageSummaries:
     """Quantize unquantized summaries to the A4 layout.
 
     mu: int8 delta to head_mean with an fp16 per-page scale; V: int4 per column (scale b_m folded into w);
-    C: refit against the dequantized V (C = D V^ (V^T V^)^-1), then int8 per column (scale t_m folded into w);
-    rho^: measured on the dequantized reconstruction, rounded up to fp16.
+    C: refit against the dequantized V (C = D V^ (V^T V^)^-1, D = K - 1 mu^T), then int8 per column (scale t_m
+    folded into w); rho^: measured on the dequantized reconstruction, rounded up to fp16.
     """
     n, r = s.page_size, s.rank
-    if keys.dim() != 4:
-        raise ValueError(f"keys must be [B, H, L, d] (got shape {tuple(keys.shape)})")
-    B, H, L, d = keys.shape
-    P = L // n
+    flat, (B, H, P, d) = _flat_pages(keys, n)
     if P != s.num_pages or tuple(s.mu.shape[:2]) != (B, H):
         raise ValueError(f"keys hold {B}x{H}x{P} complete pages but the summaries have {tuple(s.mu.shape[:3])}")
     if d % 2:
         raise ValueError(f"head dim must be even for int4 packing (got {d})")
     N = B * H * P
     dev = keys.device
-    f32 = torch.float32
-    m_h = head_mean.to(device=dev, dtype=f32).expand(B, H, d).contiguous()
-    flat = keys[:, :, : P * n].reshape(N, n, d)
+    m_h = head_mean.to(device=dev, dtype=torch.float32).expand(B, H, d).contiguous()
     mu_all = s.mu.reshape(N, d)
     v_all = s.v.reshape(N, d, r)
-    mh_idx = torch.arange(B * H, device=dev).repeat_interleave(P)  # page -> (b, h) row of head_mean
+    mh_idx = torch.arange(B * H, device=dev).repeat_interleave(P)
     mh_flat = m_h.reshape(B * H, d)
+    out = _empty_quant(N, n, r, d, dev)
     ch = _chunk(dev)
-
-    mu_int = torch.empty(N, d, dtype=torch.int8, device=dev)
-    mu_scale = torch.empty(N, dtype=torch.float16, device=dev)
-    v_pack = torch.empty(N, r, d // 2, dtype=torch.uint8, device=dev)
-    c_int = torch.empty(N, n, r, dtype=torch.int8, device=dev)
-    w = torch.empty(N, r, dtype=f32, device=dev)
-    rho = torch.empty(N, dtype=torch.float16, device=dev)
-    u = torch.finfo(f32).eps / 2  # unit roundoff
-
     for i in range(0, N, ch):
-        X = flat[i : i + ch].to(f32)
+        X = flat[i : i + ch].to(torch.float32)
         mu = mu_all[i : i + ch]
-        mh = mh_flat[mh_idx[i : i + ch]]
-        # mu: a = max|mu - m_h| / 127 rounded UP to fp16, so |mu - m_h| / a <= 127 (clipping never triggers and
-        # the round-trip error stays <= a/2 for the stored scale). Zero scale => 1 and zeros.
-        # [choice] |mu - m_h| > 127 * 65504 would overflow the fp16 scale; post-RoPE keys are nowhere near that.
-        delta = mu - mh
-        a = delta.abs().amax(dim=-1) / MU_QMAX
-        a16 = torch.where(a > 0, _round_up(a, torch.float16), torch.ones_like(a, dtype=torch.float16))
-        mi = torch.round(delta / a16.float().unsqueeze(-1)).clamp_(-MU_QMAX, MU_QMAX).to(torch.int8)
-
-        # V: int4 per column m (scale b_m over the d channels), row-major [c, r, d] = the v_pack layout.
-        vrows, b = _quant_sym(v_all[i : i + ch].mT.contiguous(), V_QMAX, dim=-1)  # b [c, r, 1]
-        zero_col = ~(vrows != 0).any(dim=-1)  # [c, r] masked columns
-        Wq = vrows.float() * b  # V^ transposed
-
-        # C refit against V^: C = D V^ (V^T V^)^-1; a 1 on the diagonal of masked (zero) columns makes their
-        # coefficients exactly 0 and keeps the r x r system regular. D V^ = X V^ - mu V^ saves a pass over D
-        # (its extra rounding is far below the int8 step of C, and rho^ is measured afterwards anyway).
-        DV = X @ Wq.mT - (mu.unsqueeze(1) @ Wq.mT)  # [c, n, r]
-        if r:
-            A = Wq @ Wq.mT + torch.diag_embed(zero_col.to(f32))
-            Cf = torch.linalg.solve(A, DV.mT).mT
-        else:
-            Cf = DV
-        ci, t = _quant_sym(Cf, C_QMAX, dim=-2)  # t [c, 1, r]
-        wc = b.squeeze(-1) * t.squeeze(-2)
-
-        # rho^ = max_i ||k_i - k^_i|| on exactly the tensors dequantize() returns. The fp32 evaluation error is
-        # bounded (first order) by u||E_i|| + r u sum_m |c^_im| (unit v^ columns) + (d+2) u ||R_i||; twice that is
-        # added before rounding up to fp16, so rho^ is an upper bound of the exact residual.
-        mu_hat, v_hat, c_hat = _dequant_parts(mi, a16, mh, vrows, ci, wc)
-        E = X - mu_hat.unsqueeze(1)
-        R = torch.baddbmm(E, c_hat, v_hat.mT, alpha=-1.0)
-        rn = torch.linalg.vector_norm(R, dim=-1)
-        margin = 2 * u * (torch.linalg.vector_norm(E, dim=-1) + (r + 1) * c_hat.abs().sum(-1) + (d + 2) * rn)
-        rho[i : i + ch] = _round_up((rn + margin).amax(dim=-1), torch.float16)
-
-        mu_int[i : i + ch] = mi
-        mu_scale[i : i + ch] = a16
-        v_pack[i : i + ch] = pack_int4(vrows, dim=-1, check=False)
-        c_int[i : i + ch] = ci
-        w[i : i + ch] = wc
-
-    return QuantizedPageSummaries(
-        mu_int=mu_int.reshape(B, H, P, d),
-        mu_scale=mu_scale.reshape(B, H, P),
-        head_mean=m_h,
-        v_pack=v_pack.reshape(B, H, P, r, d // 2),
-        c_int=c_int.reshape(B, H, P, n, r),
-        w=w.reshape(B, H, P, r),
-        rho=rho.reshape(B, H, P),
-    )
+        D = X - mu.unsqueeze(1)
+        _quantize_chunk(out, i, X, D, mu, v_all[i : i + ch].mT.contiguous(), mh_flat[mh_idx[i : i + ch]])
+    return _quant_result(out, m_h, B, H, P)
 
 
 def build_summaries(keys: Tensor, page_size: int = 16, rank: int = 8, quant: str = "int",
@@ -420,16 +448,12 @@ def build_summaries(keys: Tensor, page_size: int = 16, rank: int = 8, quant: str
     """Summaries of the complete pages of `keys` [B,H,L,d] (a pure, deterministic function of its inputs).
 
     head_mean=None -> m_h = mean of mu over the pages given (zeros if P == 0). Decode-time pages must pass the
-    prefill head_mean so that they are quantized against the same m_h (and can be concatenated).
+    prefill head_mean so that they are quantized against the same m_h (and can be concatenated). With
+    quant="none" head_mean is only stored.
     """
     if quant not in ("int", "none"):
         raise ValueError(f"quant must be 'int' or 'none' (got {quant!r})")
-    s = page_svd(keys, page_size, rank)
-    if head_mean is not None:
-        s.head_mean = head_mean.to(device=s.mu.device, dtype=torch.float32).expand_as(s.head_mean).contiguous()
-    if quant == "none":
-        return s
-    return quantize(s, keys, s.head_mean)
+    return _summarize(keys, page_size, rank, quant, head_mean)
 
 
 def empty_summaries(B: int, H: int, d: int, page_size: int = 16, rank: int = 8, quant: str = "int",
@@ -476,46 +500,63 @@ def dequantize(s: QuantizedPageSummaries) -> tuple[Tensor, Tensor, Tensor]:
 # scoring
 
 
+def _page_slices(P: int, elems_per_page: int, device: torch.device):
+    """Slices over the page axis so that scoring temporaries stay around 16 MB (CPU) / 256 MB (GPU) of fp32."""
+    budget = (1 << 22) if device.type == "cpu" else (1 << 26)
+    step = max(1, budget // max(1, elems_per_page))
+    return [slice(j, min(P, j + step)) for j in range(0, P, step)]
+
+
 def page_scores(q: Tensor, s: Summaries, scaling: float) -> Tensor:
     """S [B,Hq,P] fp32: S_{g,j} = logsumexp_i scaling * q_g . k^_i over the n tokens of page j.
 
-    Quantized summaries use the folded dequantization of A3.2: u = q . Vint, proxy logit
-    q.m_h + a_j (q.mu_int) + sum_m w_m u_m Cint[i,m].
+    Unquantized: proxy logit q.mu + (V^T q).c_i. Quantized: the folded dequantization of A3.2, u = q . Vint
+    (int4 values, no per-element scale), proxy logit q.m_h + a_j (q.mu_int) + sum_m w_m u_m Cint[i,m].
+    Pages are processed in slices (bounded temporaries at long context).
     """
-    B, Hq, _ = q.shape
+    B, Hq, d = q.shape
     if isinstance(s, PageSummaries):
-        H = s.mu.shape[1]
-        qg = _group_q(q, H)  # [B,H,G,d]
-        u = torch.einsum("bhgd,bhpdr->bhgpr", qg, s.v)
-        mu_term = torch.einsum("bhgd,bhpd->bhgp", qg, s.mu)
-        low = torch.einsum("bhgpr,bhpnr->bhgpn", u, s.c)
+        H, P, n, r = s.mu.shape[1], s.num_pages, s.page_size, s.rank
     elif isinstance(s, QuantizedPageSummaries):
-        H = s.mu_int.shape[1]
-        qg = _group_q(q, H)
-        vint = unpack_int4(s.v_pack, dim=-1).float()  # [B,H,P,r,d]
-        u = torch.einsum("bhgd,bhprd->bhgpr", qg, vint) * s.w.unsqueeze(2)
-        q_mh = torch.einsum("bhgd,bhd->bhg", qg, s.head_mean)
-        q_mu = torch.einsum("bhgd,bhpd->bhgp", qg, s.mu_int.float())
-        mu_term = q_mh.unsqueeze(-1) + s.mu_scale.float().unsqueeze(2) * q_mu
-        low = torch.einsum("bhgpr,bhpnr->bhgpn", u, s.c_int.float())
+        H, P, n, r = s.mu_int.shape[1], s.num_pages, s.page_size, s.rank
+        q_mh = None
     else:
         raise TypeError(f"unknown summaries type {type(s).__name__}")
-    logits = (mu_term.unsqueeze(-1) + low) * scaling
-    return torch.logsumexp(logits, dim=-1).reshape(B, Hq, -1)
+    qg = _group_q(q, H)  # [B,H,G,d]
+    out = torch.empty(B, H, qg.shape[2], P, dtype=torch.float32, device=q.device)
+    for sl in _page_slices(P, B * H * (r * d + qg.shape[2] * n), q.device):
+        if isinstance(s, PageSummaries):
+            u = torch.einsum("bhgd,bhpdr->bhgpr", qg, s.v[:, :, sl])
+            mu_term = torch.einsum("bhgd,bhpd->bhgp", qg, s.mu[:, :, sl])
+            low = torch.einsum("bhgpr,bhpnr->bhgpn", u, s.c[:, :, sl])
+        else:
+            if q_mh is None:
+                q_mh = torch.einsum("bhgd,bhd->bhg", qg, s.head_mean)  # once per head per step
+            vint = unpack_int4(s.v_pack[:, :, sl], dim=-1).float()  # [B,H,p,r,d]
+            u = torch.einsum("bhgd,bhprd->bhgpr", qg, vint) * s.w[:, :, sl].unsqueeze(2)
+            q_mu = torch.einsum("bhgd,bhpd->bhgp", qg, s.mu_int[:, :, sl].float())
+            mu_term = q_mh.unsqueeze(-1) + s.mu_scale[:, :, sl].float().unsqueeze(2) * q_mu
+            low = torch.einsum("bhgpr,bhpnr->bhgpn", u, s.c_int[:, :, sl].float())
+        out[..., sl] = torch.logsumexp((mu_term.unsqueeze(-1) + low) * scaling, dim=-1)
+    return out.reshape(B, Hq, P)
 
 
 def score_bound(q: Tensor, s: Summaries, scaling: float) -> Tensor:
-    """eta_bar [B,Hq,P] of A5.1 with |S_{g,j} - l_{g,j}| <= eta_bar_{g,j}.
+    """eta_bar [B,Hq,P] of A5.1 with |S_{g,j} - l_{g,j}| <= eta_bar_{g,j} (exact arithmetic).
 
     Unquantized: scaling * ||(I - V V^T) q|| * rho (||(I - V V^T) q||^2 = ||q||^2 - ||V^T q||^2, clamped at 0);
     quantized: scaling * ||q|| * rho^.
     """
-    B, Hq, _ = q.shape
+    B, Hq, d = q.shape
     if isinstance(s, PageSummaries):
         qg = _group_q(q, s.mu.shape[1])
-        u = torch.einsum("bhgd,bhpdr->bhgpr", qg, s.v)
-        res2 = (qg * qg).sum(-1).unsqueeze(-1) - (u * u).sum(-1)  # [B,H,G,P]
-        eta = scaling * res2.clamp(min=0).sqrt() * s.rho.unsqueeze(2)
+        B, H, G, _ = qg.shape
+        q2 = (qg * qg).sum(-1).unsqueeze(-1)  # [B,H,G,1]
+        eta = torch.empty(B, H, G, s.num_pages, dtype=torch.float32, device=q.device)
+        for sl in _page_slices(s.num_pages, B * H * s.rank * d, q.device):
+            u = torch.einsum("bhgd,bhpdr->bhgpr", qg, s.v[:, :, sl])
+            res2 = q2 - (u * u).sum(-1)  # [B,H,G,p]
+            eta[..., sl] = scaling * res2.clamp(min=0).sqrt() * s.rho[:, :, sl].unsqueeze(2)
     elif isinstance(s, QuantizedPageSummaries):
         qg = _group_q(q, s.mu_int.shape[1])
         eta = scaling * torch.linalg.vector_norm(qg, dim=-1).unsqueeze(-1) * s.rho.float().unsqueeze(2)
@@ -527,19 +568,18 @@ def score_bound(q: Tensor, s: Summaries, scaling: float) -> Tensor:
 def exact_page_lse(q: Tensor, keys: Tensor, page_size: int, scaling: float) -> Tensor:
     """Exact page log-mass l_{g,j} = logsumexp_{i in page j} scaling * q_g . k_i, [B,Hq,P] fp32 (complete pages).
 
-    Keys are upcast to fp32 a chunk of pages at a time (bounded temporaries at long context)."""
+    Keys are upcast to fp32 a slice of pages at a time (bounded temporaries at long context)."""
     if keys.dim() != 4:
         raise ValueError(f"keys must be [B, H, L, d] (got shape {tuple(keys.shape)})")
     B, H, L, d = keys.shape
     P = L // page_size
     qg = _group_q(q, H)
     out = torch.empty(B, H, qg.shape[2], P, dtype=torch.float32, device=q.device)
-    step = max(1, (1 << 20) // (page_size * max(1, B * H)))  # ~1M keys per chunk
-    for j in range(0, P, step):
-        e = min(P, j + step)
-        X = keys[:, :, j * page_size : e * page_size].to(torch.float32).reshape(B, H, e - j, page_size, d)
+    for sl in _page_slices(P, B * H * page_size * (d + qg.shape[2]), q.device):
+        X = keys[:, :, sl.start * page_size : sl.stop * page_size].to(torch.float32)
+        X = X.reshape(B, H, sl.stop - sl.start, page_size, d)
         logits = torch.einsum("bhgd,bhpnd->bhgpn", qg, X) * scaling
-        out[..., j:e] = torch.logsumexp(logits, dim=-1)
+        out[..., sl] = torch.logsumexp(logits, dim=-1)
     return out.reshape(B, qg.shape[1] * qg.shape[2], P)
 
 

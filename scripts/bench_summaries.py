@@ -5,8 +5,10 @@ Times, on the same seeded keys of one layer-head ([1, 1, tokens, dim], bf16 valu
   (b) `build_summaries(quant="int")` (a + the 804 B/page quantization, C refit and rho^),
   (c) the reference algorithm as a plain Python loop over pages: center, thin `torch.linalg.svd`, V = W[:, :r],
       C = D V.
-Reports medians over --repeats (the loop is timed --loop-repeats times, default 1, since it is slow) and the
-ratios loop / batched; writes everything to a JSON file.
+Reports wall-clock medians over --repeats (the loop is timed --loop-repeats times, default 1, since it is slow),
+the process CPU time (all threads; MKL's SVD in the loop is multithreaded too), the ratios loop / batched, and the
+load average (the machine may be shared); writes everything to a JSON file. On CPU the batched path is bounded by
+torch's batched `eigh` (one LAPACK call per 16 x 16 Gram, ~10 us each), i.e. well under the GPU-oriented 20x target.
 
     python scripts/bench_summaries.py --tokens 65536 --dim 128 --repeats 3 [--out results/bench_summaries.json]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
 import statistics
@@ -44,13 +47,22 @@ def loop_svd(keys: torch.Tensor, page_size: int, rank: int):
     return mus, vs, cs
 
 
-def timed(fn, repeats: int) -> list[float]:
-    out = []
+def timed(fn, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall-clock and process CPU seconds (all threads) of each repeat."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
+
+
+def loadavg():
+    try:
+        return list(os.getloadavg())
+    except OSError:
+        return None
 
 
 def main(argv=None) -> dict:
@@ -75,24 +87,31 @@ def main(argv=None) -> dict:
 
     # warm-up (allocator, LAPACK/BLAS init) on a small slice
     warm = keys[:, :, : min(args.tokens, 64 * n)]
+    loop_svd(warm, n, r)
     page_svd(warm, n, r)
     build_summaries(warm, n, r, "int")
-    loop_svd(warm, n, r)
 
-    t_a = timed(lambda: page_svd(keys, n, r), args.repeats)
-    t_b = timed(lambda: build_summaries(keys, n, r, "int"), args.repeats)
-    t_c = timed(lambda: loop_svd(keys, n, r), args.loop_repeats)
-    med = {k: statistics.median(v) for k, v in (("page_svd", t_a), ("build_int", t_b), ("loop_svd", t_c))}
+    load_before = loadavg()
+    runs = {}
+    # the loop first, so that nothing the batched path does to the process (allocator, thread pools) can slow it
+    runs["loop_svd"] = timed(lambda: loop_svd(keys, n, r), args.loop_repeats)
+    runs["page_svd"] = timed(lambda: page_svd(keys, n, r), args.repeats)
+    runs["build_int"] = timed(lambda: build_summaries(keys, n, r, "int"), args.repeats)
+    load_after = loadavg()
+    med = {k: statistics.median(w) for k, (w, _) in runs.items()}
+    med_cpu = {k: statistics.median(c) for k, (_, c) in runs.items()}
     ratios = {"loop/page_svd": med["loop_svd"] / med["page_svd"], "loop/build_int": med["loop_svd"] / med["build_int"]}
 
+    la = "/".join("n/a" if x is None else f"{x[0]:.2f}" for x in (load_before, load_after))
     print(f"tokens={args.tokens} pages={pages} dim={args.dim} n={n} r={r} torch={torch.__version__} "
-          f"threads={torch.get_num_threads()}")
-    print(f"{'method':<34}{'median s':>10}{'us/page':>10}{'loop/x':>9}")
+          f"threads={torch.get_num_threads()} loadavg(1m) before/after={la}")
+    print(f"{'method':<36}{'median s':>10}{'cpu s':>9}{'us/page':>10}{'loop/x':>9}")
     rows = [("(a) page_svd (batched, fp32)", "page_svd"), ("(b) build_summaries quant=int", "build_int"),
             ("(c) per-page torch.linalg.svd loop", "loop_svd")]
     for label, key in rows:
         ratio = med["loop_svd"] / med[key]
-        print(f"{label:<34}{med[key]:>10.4f}{1e6 * med[key] / max(pages, 1):>10.2f}{ratio:>8.1f}x")
+        print(f"{label:<36}{med[key]:>10.4f}{med_cpu[key]:>9.4f}{1e6 * med[key] / max(pages, 1):>10.2f}"
+              f"{ratio:>8.1f}x")
 
     result = {
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]) if argv is None else argv,
@@ -108,9 +127,13 @@ def main(argv=None) -> dict:
         "threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "processor": platform.processor(),
-        "times_s": {"page_svd": t_a, "build_int": t_b, "loop_svd": t_c},
+        "wall_s": {k: w for k, (w, _) in runs.items()},
+        "cpu_s": {k: c for k, (_, c) in runs.items()},
         "median_s": med,
+        "median_cpu_s": med_cpu,
         "ratios": ratios,
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
         "target_ratio": 20.0,
     }
     if args.out:

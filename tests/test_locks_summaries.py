@@ -180,7 +180,7 @@ def test_gram_path_matches_fp64_svd(kind, B, Hkv, Hq, P, d, seed):
     assert (err[big] <= 1e-5 * S[big]).all()
     assert (s.sigma[..., :-1] >= s.sigma[..., 1:]).all()  # descending
 
-    # V^T V = I on kept columns (all kept for these pages: rank(D) >= 3 clustered... mask checked below)
+    # V^T V = I on the kept columns, 0 on the masked ones
     kept = s.v.norm(dim=-2) > 0
     gram = s.v.double().mT @ s.v.double()
     eye = torch.diag_embed(kept.double())
@@ -369,6 +369,28 @@ def test_page_scores_match_reconstruction(kind, B, Hkv, Hq, P, d, seed):
         torch.testing.assert_close(page_scores(q, qs, SCALE[d]).double(), ref_q, rtol=1e-6, atol=1e-5)
 
 
+def test_scoring_in_page_slices(monkeypatch):
+    """Long contexts are scored a slice of pages at a time; force tiny slices and compare to brute force."""
+    import locks.summaries as summ
+
+    monkeypatch.setattr(summ, "_page_slices", lambda P, e, dev: [slice(j, min(P, j + 3)) for j in range(0, P, 3)])
+    B, Hkv, Hq, P, d = 1, 2, 4, 11, 64
+    keys = make_keys("random", B, Hkv, P, d, seed=27)
+    q = rand_q(B, Hq, d, seed=28, keys=keys)
+    torch.testing.assert_close(exact_page_lse(q, keys, N_PAGE, SCALE[d]).double(),
+                               ref_lse_from_keys(q, pages64(keys), SCALE[d]), rtol=1e-6, atol=1e-5)
+    s = build_summaries(keys, quant="none")
+    qs = quantize(s, keys, s.head_mean)
+    torch.testing.assert_close(page_scores(q, s, SCALE[d]).double(), ref_lse_from_keys(q, unquant_recon(s), SCALE[d]),
+                               rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(page_scores(q, qs, SCALE[d]).double(),
+                               ref_lse_from_keys(q, quant_recon(qs), SCALE[d]), rtol=1e-6, atol=1e-5)
+    V = s.v.double().unsqueeze(2)
+    qd = q.double().view(B, Hkv, Hq // Hkv, 1, d)
+    ref = SCALE[d] * (qd - (V @ (V.mT @ qd.unsqueeze(-1))).squeeze(-1)).norm(dim=-1) * s.rho.double().unsqueeze(2)
+    torch.testing.assert_close(score_bound(q, s, SCALE[d]).double(), ref.reshape(B, Hq, P), rtol=1e-4, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # A8.10 (part) sign flips
 
@@ -399,8 +421,9 @@ def test_scores_invariant_to_sign_flips():
 
 
 @pytest.mark.parametrize("quant", ["none", "int"])
-def test_incremental_page_equals_batched(quant):
-    B, H, P, d = 2, 2, 11, 128
+@pytest.mark.parametrize("B,H,P", [(2, 2, 11), (1, 2, 600)])  # 600: the batched build spans several chunks
+def test_incremental_page_equals_batched(quant, B, H, P):
+    d = 128
     keys = make_keys("random", B, H, P, d, seed=15)
     full = build_summaries(keys, quant=quant)
     m_h = full.head_mean
@@ -412,6 +435,19 @@ def test_incremental_page_equals_batched(quant):
         want = t if name == "head_mean" else t[:, :, P - 1 :]
         assert torch.equal(got, want), name
         assert torch.equal(getattr(grown, name), t), name
+
+
+def test_build_int_equals_quantize_of_page_svd():
+    keys = make_keys("clustered", 2, 2, 700, 64, seed=26)  # > one chunk of pages
+    s = page_svd(keys)
+    for m_h in (None, torch.randn(2, 2, 64)):
+        fused = build_summaries(keys, quant="int", head_mean=m_h)
+        ref = quantize(s, keys, s.head_mean if m_h is None else m_h)
+        for name, t in vars(ref).items():
+            assert torch.equal(getattr(fused, name), t), name
+        plain = build_summaries(keys, quant="none", head_mean=m_h)
+        for name, t in vars(s).items():
+            assert torch.equal(getattr(plain, name), t if name != "head_mean" or m_h is None else m_h), name
 
 
 def test_concat_and_empty():
