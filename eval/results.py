@@ -79,6 +79,7 @@ def summarize(rows: list[dict], tasks: list[str]) -> dict:
         "bytes_read_per_step": float(df["bytes_read_per_step"].mean()),
         "full_bytes_per_step": float(df["full_bytes_per_step"].mean()),
         "coverage": float(coverage.mean()) if len(coverage) else None,
+        "seconds_per_sample": float(df["seconds"].mean()),
     }
 
 

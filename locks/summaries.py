@@ -584,15 +584,16 @@ def exact_page_lse(q: Tensor, keys: Tensor, page_size: int, scaling: float) -> T
 
 
 def summary_bytes_per_page(s: Summaries) -> int:
-    """Bytes per page per (batch row, KV head): sum over the per-page fields (all but head_mean) of
-    nbytes / (B * H * P). 804 for the quantized layout at d=128, r=8, n=16.
+    """Bytes per page per (batch row, KV head): sum over the per-page fields (all but head_mean, amortized, and the
+    diagnostic sigma, which scoring never reads) of nbytes / (B * H * P). 804 for the quantized layout at d=128,
+    r=8, n=16.
 
     [choice] computed from the per-page shape (element size x trailing dims), which equals nbytes / (B*H*P) for
     P > 0 and stays defined for P = 0.
     """
     total = 0
     for f in fields(s):
-        if f.name == "head_mean":
+        if f.name in ("head_mean", "sigma"):
             continue
         t = getattr(s, f.name)
         total += t.element_size() * math.prod(t.shape[3:])

@@ -4,7 +4,10 @@ Times, on the same seeded keys of one layer-head ([1, 1, tokens, dim], bf16 valu
   (a) `page_svd` (batched Gram/eigh path, unquantized summaries),
   (b) `build_summaries(quant="int")` (a + the 804 B/page quantization, C refit and rho^),
   (c) the reference algorithm as a plain Python loop over pages: center, thin `torch.linalg.svd`, V = W[:, :r],
-      C = D V.
+      C = D V (compare with a),
+  (d) the same loop producing the full quantized 804 B/page summary, one page at a time: the per-page SVD, then the
+      library's own quantization (`quantize`) called page by page with the head mean of the pages (compare with b;
+      both produce the same summary).
 Reports wall-clock medians over --repeats (the loop is timed --loop-repeats times, default 1, since it is slow),
 the process CPU time (all threads; MKL's SVD in the loop is multithreaded too), the ratios loop / batched, and the
 load average (the machine may be shared); writes everything to a JSON file. On CPU the batched path is bounded by
@@ -27,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from locks.summaries import build_summaries, page_svd  # noqa: E402
+from locks.summaries import PageSummaries, build_summaries, page_svd, quantize  # noqa: E402
 
 
 def loop_svd(keys: torch.Tensor, page_size: int, rank: int):
@@ -45,6 +48,20 @@ def loop_svd(keys: torch.Tensor, page_size: int, rank: int):
         vs.append(V)
         cs.append(D @ V)
     return mus, vs, cs
+
+
+def loop_svd_quantized(keys: torch.Tensor, page_size: int, rank: int):
+    """(d): the per-page loop of (c), then per-page quantization of each page's summary (head mean = mean of mu)."""
+    mus, vs, cs = loop_svd(keys, page_size, rank)
+    head_mean = torch.stack(mus).mean(0).view(1, 1, -1)
+    x = keys.float()
+    out = []
+    for j, (mu, v, c) in enumerate(zip(mus, vs, cs)):
+        page = x[:, :, j * page_size : (j + 1) * page_size]
+        one = PageSummaries(mu=mu.view(1, 1, 1, -1), v=v.view(1, 1, 1, *v.shape), c=c.view(1, 1, 1, *c.shape),
+                            rho=torch.zeros(1, 1, 1), sigma=torch.zeros(1, 1, 1, page_size), head_mean=head_mean)
+        out.append(quantize(one, page, head_mean))
+    return out
 
 
 def timed(fn, repeats: int) -> tuple[list[float], list[float]]:
@@ -88,6 +105,7 @@ def main(argv=None) -> dict:
     # warm-up (allocator, LAPACK/BLAS init) on a small slice
     warm = keys[:, :, : min(args.tokens, 64 * n)]
     loop_svd(warm, n, r)
+    loop_svd_quantized(warm, n, r)
     page_svd(warm, n, r)
     build_summaries(warm, n, r, "int")
 
@@ -95,22 +113,26 @@ def main(argv=None) -> dict:
     runs = {}
     # the loop first, so that nothing the batched path does to the process (allocator, thread pools) can slow it
     runs["loop_svd"] = timed(lambda: loop_svd(keys, n, r), args.loop_repeats)
+    runs["loop_svd_int"] = timed(lambda: loop_svd_quantized(keys, n, r), args.loop_repeats)
     runs["page_svd"] = timed(lambda: page_svd(keys, n, r), args.repeats)
     runs["build_int"] = timed(lambda: build_summaries(keys, n, r, "int"), args.repeats)
     load_after = loadavg()
     med = {k: statistics.median(w) for k, (w, _) in runs.items()}
     med_cpu = {k: statistics.median(c) for k, (_, c) in runs.items()}
-    ratios = {"loop/page_svd": med["loop_svd"] / med["page_svd"], "loop/build_int": med["loop_svd"] / med["build_int"]}
+    ratios = {"loop/page_svd": med["loop_svd"] / med["page_svd"], "loop/build_int": med["loop_svd"] / med["build_int"],
+              "loop_int/build_int": med["loop_svd_int"] / med["build_int"]}
 
     la = "/".join("n/a" if x is None else f"{x[0]:.2f}" for x in (load_before, load_after))
     print(f"tokens={args.tokens} pages={pages} dim={args.dim} n={n} r={r} torch={torch.__version__} "
           f"threads={torch.get_num_threads()} loadavg(1m) before/after={la}")
-    print(f"{'method':<36}{'median s':>10}{'cpu s':>9}{'us/page':>10}{'loop/x':>9}")
-    rows = [("(a) page_svd (batched, fp32)", "page_svd"), ("(b) build_summaries quant=int", "build_int"),
-            ("(c) per-page torch.linalg.svd loop", "loop_svd")]
-    for label, key in rows:
-        ratio = med["loop_svd"] / med[key]
-        print(f"{label:<36}{med[key]:>10.4f}{med_cpu[key]:>9.4f}{1e6 * med[key] / max(pages, 1):>10.2f}"
+    print(f"{'method':<44}{'median s':>10}{'cpu s':>9}{'us/page':>10}{'speedup':>9}")
+    rows = [("(a) page_svd (batched, fp32) vs (c)", "page_svd", "loop_svd"),
+            ("(b) build_summaries quant=int vs (d)", "build_int", "loop_svd_int"),
+            ("(c) per-page torch.linalg.svd loop", "loop_svd", "loop_svd"),
+            ("(d) per-page svd + quantize loop", "loop_svd_int", "loop_svd_int")]
+    for label, key, ref in rows:
+        ratio = med[ref] / med[key]
+        print(f"{label:<44}{med[key]:>10.4f}{med_cpu[key]:>9.4f}{1e6 * med[key] / max(pages, 1):>10.2f}"
               f"{ratio:>8.1f}x")
 
     result = {

@@ -121,3 +121,12 @@ def test_embedded_model_fullkv_token_identical_to_stock_sdpa(embedded):
     out, _ = ours(model, ids, 16)
     model.set_attn_implementation(ATTENTION_NAME)
     assert torch.equal(out, ref)
+
+
+def test_nan_keys_raise_a_clear_error():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, attn_implementation="sdpa")).eval()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight[0, 0] = float("nan")
+    with pytest.raises(ConfigError, match="NaN or inf"):
+        ours(model, torch.randint(0, 100, (1, 20)), 2, "locks", 64)

@@ -105,9 +105,11 @@ def test_wandb_offline_run_holds_the_summary(tmp_path):
     (["benchmark.tasks=[niah_nothing]"], "benchmark.tasks"),
     (["benchmark.context_length=100000"], "benchmark.context_length=100000 exceeds"),
     (["benchmark.tasks=[niah_single_2]"], "essay_path"),
+    (["model=llama3_1_8b_instruct", "model.path=/nonexistent/llama"], "model.path=/path/to/checkpoint"),
 ])
 def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, expected):
-    result = run(TINY + args, tmp_path)
+    base = [a for a in TINY if not (a.startswith("model=") and any(b.startswith("model=") for b in args))]
+    result = run(base + args, tmp_path)
     assert result.returncode != 0
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
