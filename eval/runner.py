@@ -18,7 +18,7 @@ from eval.results import (append_prediction, read_predictions, run_dir_name, run
 from eval.tracking import build_logger
 from locks.cache import SelectorCache
 from locks.generation import generate
-from locks.selector import ConfigError, MethodSpec
+from locks.selector import ConfigError, LayerInfo, MethodSpec
 
 
 def method_spec(method_cfg: dict) -> MethodSpec:
@@ -38,8 +38,6 @@ def run_benchmark(config: dict, cfg) -> dict:
 
     method = method_spec(config["method"])
     # Validate the method's parameters before any expensive work (every layer takes the same arguments).
-    from locks.selector import LayerInfo
-
     method.build(LayerInfo(0, 1, 1, 64, 0.125))
     benchmark = build_benchmark(cfg.benchmark)
     key = run_key(config)

@@ -152,5 +152,5 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
     coverage = None
     if cache.measure_coverage:
         coverage = torch.ones(B, q.shape[1]) if lse is None else torch.exp(lse - dense_lse(q, key, scaling)).cpu()
-    cache.stats.add(layer_idx, stats, L, coverage)
+    cache.stats.add(stats, L, coverage)
     return out, None

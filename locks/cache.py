@@ -6,7 +6,7 @@ The cache never evicts physically: `get_seq_length()` is always the logical leng
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -74,9 +74,8 @@ class DecodeStats:
     context_tokens: float = 0.0
     coverage_sum: float = 0.0
     coverage_count: int = 0
-    per_layer_attended: dict = field(default_factory=dict)
 
-    def add(self, layer_idx: int, s: StepStats, context: int, coverage: Tensor | None) -> None:
+    def add(self, s: StepStats, context: int, coverage: Tensor | None) -> None:
         self.layer_steps += 1
         self.bytes_read += s.bytes_read
         self.full_bytes += s.full_bytes
