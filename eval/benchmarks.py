@@ -1,12 +1,12 @@
 """Benchmarks by name: each turns its config group into samples and scores predictions.
 
-A sample is a dict with `task`, `index`, `input` (the full prompt string), `outputs` (references), `max_new_tokens`
-and `metric`; `score(prediction, sample)` returns 0-100; `run_record()` lists the settings that change scores.
+The interface every benchmark implements is described in `eval/API.md`.
 """
 from __future__ import annotations
 
 import importlib.metadata
 
+from eval.results import per_task_scores
 from locks.selector import ConfigError
 
 
@@ -14,6 +14,7 @@ class RulerNiah:
     """RULER's eight needle-in-a-haystack tasks, generated locally for the model's tokenizer (`specs/ruler.md`)."""
 
     name = "ruler_niah"
+    row_fields = ()
 
     def __init__(self, cfg):
         from eval.ruler.tasks import NIAH_TASKS
@@ -39,6 +40,9 @@ class RulerNiah:
         from eval.ruler.metrics import sample_score
 
         return sample_score(prediction, sample["outputs"], sample["metric"])
+
+    def aggregate(self, rows: list[dict]) -> dict:
+        return per_task_scores(rows, list(self.cfg.tasks))
 
     def run_record(self, tokenizer) -> dict:
         from eval.ruler.tasks import GENERATOR_VERSION

@@ -40,7 +40,7 @@ def read_predictions(path: Path) -> list[dict]:
     rows = [json.loads(line) for line in data[:good_end].decode().splitlines() if line.strip()]
     seen, unique = set(), []
     for row in rows:
-        key = (row["task"], row["index"])
+        key = sample_id(row)
         if key not in seen:
             seen.add(key)
             unique.append(row)
@@ -62,20 +62,30 @@ def write_json_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def summarize(rows: list[dict], tasks: list[str]) -> dict:
-    """Per-task mean score (0-100), their average, and the efficiency means over all samples."""
+def sample_id(row: dict) -> str:
+    """The resume key of a sample or prediction row (benchmarks give "id"; "task/index" otherwise)."""
+    return row.get("id") or f"{row['task']}/{row['index']}"
+
+
+def per_task_scores(rows: list[dict], tasks: list[str]) -> dict:
+    """Mean sample score per task (0-100, 2 decimals, in `tasks` order), their average and the sample counts."""
     df = pd.DataFrame(rows)
-    per_task = {t: round(float(df.loc[df.task == t, "score"].mean()), 2) for t in tasks if (df.task == t).any()}
-    attended = df["attended_tokens_per_step"] / df["context_tokens_per_step"]
-    bytes_ratio = df["bytes_read_per_step"] / df["full_bytes_per_step"]
+    scores = {t: round(float(df.loc[df.task == t, "score"].mean()), 2) for t in tasks if (df.task == t).any()}
+    return {
+        "scores": scores,
+        "average": round(sum(scores.values()) / len(scores), 2) if scores else None,
+        "num_samples": {t: int((df.task == t).sum()) for t in scores},
+    }
+
+
+def efficiency_summary(rows: list[dict]) -> dict:
+    """Means over samples of the per-step accounting: attended fraction, bytes ratio vs FullKV, coverage, time."""
+    df = pd.DataFrame(rows)
     coverage = df["coverage"].dropna() if "coverage" in df else pd.Series(dtype=float)
     return {
-        "scores": per_task,
-        "average": round(sum(per_task.values()) / len(per_task), 2) if per_task else None,
-        "num_samples": {t: int((df.task == t).sum()) for t in per_task},
-        "attended_fraction": float(attended.mean()),
+        "attended_fraction": float((df["attended_tokens_per_step"] / df["context_tokens_per_step"]).mean()),
         "attended_tokens_per_step": float(df["attended_tokens_per_step"].mean()),
-        "bytes_read_ratio": float(bytes_ratio.mean()),
+        "bytes_read_ratio": float((df["bytes_read_per_step"] / df["full_bytes_per_step"]).mean()),
         "bytes_read_per_step": float(df["bytes_read_per_step"].mean()),
         "full_bytes_per_step": float(df["full_bytes_per_step"].mean()),
         "coverage": float(coverage.mean()) if len(coverage) else None,
@@ -84,8 +94,8 @@ def summarize(rows: list[dict], tasks: list[str]) -> dict:
 
 
 def score_table(metrics: dict) -> str:
-    rows = [{"task": t, "score": s, "n": metrics["num_samples"][t]} for t, s in metrics["scores"].items()]
-    rows.append({"task": "average", "score": metrics["average"], "n": sum(metrics["num_samples"].values())})
+    rows = [{"task": t, "score": s, "n": metrics["num_samples"].get(t)} for t, s in metrics["scores"].items()]
+    rows.append({"task": "average", "score": metrics["average"], "n": sum(v for v in metrics["num_samples"].values() if v)})
     table = pd.DataFrame(rows).to_string(index=False)
     extra = (f"attended fraction {metrics['attended_fraction']:.3f} | bytes read vs FullKV "
              f"{metrics['bytes_read_ratio']:.3f}")

@@ -13,8 +13,8 @@ import yaml
 from tqdm import tqdm
 
 from eval.benchmarks import build_benchmark
-from eval.results import (append_prediction, read_predictions, run_dir_name, run_key, score_table, summarize,
-                          write_json_atomic)
+from eval.results import (append_prediction, efficiency_summary, read_predictions, run_dir_name, run_key,
+                          sample_id, score_table, write_json_atomic)
 from eval.tracking import build_logger
 from locks.cache import SelectorCache
 from locks.generation import generate
@@ -55,8 +55,8 @@ def run_benchmark(config: dict, cfg) -> dict:
                           f"{loaded.name} ({loaded.max_context}); use a value <= {loaded.max_context}")
     samples = benchmark.samples(loaded.tokenizer, int(config["seed"]))
     done = read_predictions(pred_path)
-    finished = {(r["task"], r["index"]) for r in done}
-    todo = [s for s in samples if (s["task"], s["index"]) not in finished]
+    finished = {sample_id(r) for r in done}
+    todo = [s for s in samples if sample_id(s) not in finished]
     print(f"run directory: {out_dir}  ({len(done)} samples done, {len(todo)} to go)")
 
     logger = build_logger(cfg.logger, config, key, out_dir, run_dir_name(config))
@@ -66,8 +66,8 @@ def run_benchmark(config: dict, cfg) -> dict:
                 row = run_sample(loaded, method, sample, benchmark, config)
                 append_prediction(f, row)
                 done.append(row)
-        tasks = list(config["benchmark"]["tasks"])
-        metrics = summarize(done, tasks)
+        metrics = benchmark.aggregate(done)
+        metrics.update(efficiency_summary(done))
         metrics.update(
             run_key=key, method=config["method"], model=loaded.name, device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
@@ -88,17 +88,23 @@ def run_benchmark(config: dict, cfg) -> dict:
 
 def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict) -> dict:
     tok = loaded.tokenizer
-    ids = tok(sample["input"], add_special_tokens=False, return_tensors="pt").input_ids.to(loaded.device)
+    if sample.get("input_ids") is not None:
+        ids = torch.tensor([sample["input_ids"]], dtype=torch.long, device=loaded.device)
+    else:
+        ids = tok(sample["input"], add_special_tokens=False, return_tensors="pt").input_ids.to(loaded.device)
     cache = SelectorCache(loaded.model, method, kv_element_bytes=int(config["kv_element_bytes"]),
                           measure_coverage=bool(config["measure_coverage"]))
     start = time.perf_counter()
-    out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), loaded.eos_token_ids)
+    stop_ids = list(loaded.eos_token_ids) + [t for t in sample.get("stop_token_ids", []) if t not in loaded.eos_token_ids]
+    out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids)
     seconds = time.perf_counter() - start
     prediction = tok.decode(out[0], skip_special_tokens=True)
     stats = cache.stats.summary()
     return {
+        "id": sample_id(sample),
         "task": sample["task"],
         "index": sample["index"],
+        **{field: sample.get(field) for field in benchmark.row_fields},
         "prompt_tokens": int(ids.shape[1]),
         "prediction": prediction,
         "references": sample["outputs"],

@@ -123,6 +123,7 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         # Left padding would put pad tokens into pages and summaries of every method.
         raise ConfigError("batches with left padding are not supported by the selectors; use batch size 1 "
                           "(the runner does) or equal-length prompts")
+    check_finite("decoded keys", key[:, :, -1])
     selector.append(key.detach(), value.detach())
     q = query[:, :, 0]
     sel = selector.select(q.detach(), key.detach(), value.detach())

@@ -24,7 +24,7 @@ from eval.ruler.tasks import (
     NIAH_TASKS,
     NIAH_TEMPLATE,
     NIAH_TOKENS_TO_GENERATE,
-    SELF_CONTAINED_TASKS,
+    NIAH_SELF_CONTAINED_TASKS as SELF_CONTAINED_TASKS,  # the NIAH subset of tasks.SELF_CONTAINED_TASKS
 )
 
 # ---------------------------------------------------------------------------------- fixtures

@@ -1,10 +1,11 @@
-"""RULER needle-in-a-haystack benchmark data: templates, answer prefixes, task configs.
+"""RULER benchmark data: templates, answer prefixes, task configs of all 13 tasks.
 
 Everything here is benchmark *data* (specification: shared/specs/ruler.md §2, §3.1, §4, §5.1),
 copied byte for byte from NVIDIA/RULER at commit c3f5e3b (``scripts/data/synthetic/constants.py``,
-``scripts/synthetic.yaml``, ``scripts/data/synthetic/niah.py``).  Do not edit the strings: every
+``scripts/synthetic.yaml``, ``scripts/data/synthetic/{niah,variable_tracking,common_words_extraction,
+freq_words_extraction,qa}.py``).  Do not edit the strings: every
 byte changes the generated prompts.  Bump ``GENERATOR_VERSION`` whenever anything in this file or in
-``niah.py`` changes the generated samples.
+``niah.py`` changes the NIAH samples, and the family's entry of ``GENERATOR_VERSIONS`` for the others.
 """
 
 from __future__ import annotations
@@ -93,8 +94,117 @@ NIAH_TASKS: dict[str, dict] = {
     "niah_multiquery": _niah("essay", "words", "numbers", 4, 1, 4),
 }
 
-# Tasks that need no external file (the noise sentence, random keys/values and the wonderwords lists
-# shipped inside the `wonderwords` package are enough).
-SELF_CONTAINED_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
+# NIAH tasks that need no external file (the noise sentence, random keys/values and the wonderwords
+# lists shipped inside the `wonderwords` package are enough).
+NIAH_SELF_CONTAINED_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3")
 # Tasks that need the Paul Graham essay corpus (and NLTK punkt for sentence splitting).
 ESSAY_TASKS = tuple(name for name, cfg in NIAH_TASKS.items() if cfg["needs_essay"])
+
+# =============================================================================================
+# The other four families (spec §2, §3.1, §5.2-5.5), verbatim from constants.py / synthetic.yaml.
+# Note the leading space of every answer prefix and the trailing space of the VT answer prefix.
+VT_FAMILY = {
+    "tokens_to_generate": 30,
+    "template": (
+        "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
+        "Question: Find all variables that are assigned the value {query} in the text above."
+    ),
+    "answer_prefix": (
+        " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables "
+        "are assigned the value {query}, they are: "
+    ),
+}
+CWE_FAMILY = {
+    "tokens_to_generate": 120,
+    "template": (
+        "Below is a numbered list of words. In these words, some appear more often than others. Memorize "
+        "the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words in the "
+        "above list?"
+    ),
+    "answer_prefix": " Answer: The top 10 words that appear most often in the list are:",
+}
+FWE_FAMILY = {
+    "tokens_to_generate": 50,
+    "template": (
+        "Read the following coded text and track the frequency of each coded word. Find the three most "
+        "frequently appeared coded words. {context}\nQuestion: Do not provide any explanation. Please "
+        "ignore the dots '....'. What are the three most frequently appeared words in the above coded text?"
+    ),
+    "answer_prefix": (
+        " Answer: According to the coded text above, the three most frequently appeared words are:"
+    ),
+}
+QA_FAMILY = {
+    "tokens_to_generate": 32,
+    "template": (
+        "Answer the question based on the given documents. Only give me the answer and do not output any "
+        "other words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on "
+        "the given documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}"
+    ),
+    "answer_prefix": " Answer:",
+}
+FAMILIES: dict[str, dict] = {
+    "niah": NIAH_FAMILY,
+    "variable_tracking": VT_FAMILY,
+    "common_words_extraction": CWE_FAMILY,
+    "freq_words_extraction": FWE_FAMILY,
+    "qa": QA_FAMILY,
+}
+
+# §5.2 VT: unit = noise lines (10; 5 below 4096 tokens); the ICL example uses a 500-token budget and
+# 5-line units with 3-letter names and the value 12345.
+VT_LINE_UNIT = 10
+VT_SMALL_LINE_UNIT = 5
+VT_ICL_BUDGET = 500
+VT_ICL_UNIT = 5
+VT_ICL_NAME_LEN = 3
+VT_ICL_VALUE = "12345"
+VT_NAME_LEN = 5
+# §5.3 CWE: unit 10 words, probe with 4096 words, upper bound 2 x.
+CWE_WORD_UNIT = 10
+CWE_PROBE_WORDS = 4096
+CWE_SEARCH_SLACK = 2
+# §5.4 FWE: coded word length 6 (start with budget // 6 words), vocabulary budget // 50, step budget // 32.
+FWE_CODED_WORDLEN = 6
+FWE_VOCAB_DIVISOR = 50
+FWE_STEP_DIVISOR = 32
+# §5.5 QA: unit 10 documents; document rendering.
+QA_DOC_UNIT = 10
+QA_DOCUMENT = "Document {i}:\n{document}"
+
+# Per-family generator versions (part of the cache key).  The NIAH family keeps GENERATOR_VERSION.
+GENERATOR_VERSIONS: dict[str, str] = {
+    "niah": GENERATOR_VERSION,
+    "variable_tracking": "ruler-vt-1",
+    "common_words_extraction": "ruler-cwe-1",
+    "freq_words_extraction": "ruler-fwe-1",
+    "qa": "ruler-qa-1",
+}
+
+# §2: the 13 task configs (scripts/synthetic.yaml).
+OTHER_TASKS: dict[str, dict] = {
+    "vt": {"family": "variable_tracking", "tokens_to_generate": 30, "metric": "string_match_all",
+           "type_haystack": "noise", "num_chains": 1, "num_hops": 4, "needs": ()},
+    "cwe": {"family": "common_words_extraction", "tokens_to_generate": 120, "metric": "string_match_all",
+            "freq_cw": 30, "freq_ucw": 3, "num_cw": 10, "needs": ()},  # english_words.json only if needed
+    "fwe": {"family": "freq_words_extraction", "tokens_to_generate": 50, "metric": "string_match_all",
+            "alpha": 2.0, "needs": ()},
+    "qa_1": {"family": "qa", "tokens_to_generate": 32, "metric": "string_match_part", "dataset": "squad",
+             "needs": ("squad",)},
+    "qa_2": {"family": "qa", "tokens_to_generate": 32, "metric": "string_match_part", "dataset": "hotpotqa",
+             "needs": ("hotpotqa",)},
+}
+ALL_TASKS: dict[str, dict] = {
+    **{name: {**cfg, "needs": ("essay",) if cfg["needs_essay"] else ()} for name, cfg in NIAH_TASKS.items()},
+    **OTHER_TASKS,
+}
+# Tasks that need no external file at all (pure RNG + constant noise sentence).
+SELF_CONTAINED_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "vt", "fwe")
+
+# §9 per-category view (paper).
+CATEGORIES: dict[str, tuple[str, ...]] = {
+    "NIAH": tuple(NIAH_TASKS),
+    "VT": ("vt",),
+    "Aggregation": ("cwe", "fwe"),
+    "QA": ("qa_1", "qa_2"),
+}
