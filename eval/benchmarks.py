@@ -6,34 +6,42 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from eval.results import per_task_scores
+from omegaconf import ListConfig
+
 from locks.selector import ConfigError
 
 
-class RulerNiah:
-    """RULER's eight needle-in-a-haystack tasks, generated locally for the model's tokenizer (`specs/ruler.md`)."""
+class Ruler:
+    """RULER's 13 synthetic tasks, generated locally for the model's tokenizer (`specs/ruler.md`), at one or several
+    context lengths; generated samples are cached on disk (`cache_dir`)."""
 
-    name = "ruler_niah"
-    row_fields = ()
+    name = "ruler"
+    row_fields = ("context_length",)
 
     def __init__(self, cfg):
-        from eval.ruler.tasks import NIAH_TASKS
+        from eval.ruler.tasks import ALL_TASKS
 
         self.cfg = cfg
-        unknown = [t for t in cfg.tasks if t not in NIAH_TASKS]
+        unknown = [t for t in cfg.tasks if t not in ALL_TASKS]
         if unknown:
-            raise ConfigError(f"benchmark.tasks: unknown task(s) {unknown}; choose from {sorted(NIAH_TASKS)}")
+            raise ConfigError(f"benchmark.tasks: unknown task(s) {unknown}; choose from {sorted(ALL_TASKS)}")
         if int(cfg.num_samples) <= 0:
             raise ConfigError(f"benchmark.num_samples must be >= 1 (got {cfg.num_samples})")
+        lengths = cfg.context_length
+        self.lengths = [int(x) for x in (lengths if isinstance(lengths, (list, tuple, ListConfig)) else [lengths])]
+        if any(n <= 0 for n in self.lengths):
+            raise ConfigError(f"benchmark.context_length must be positive token counts (got {lengths})")
 
     def samples(self, tokenizer, seed: int) -> list[dict]:
-        from eval.ruler.niah import generate_niah_samples
+        from eval.ruler.generate import generate_samples
 
         out = []
-        for task in self.cfg.tasks:
-            out += generate_niah_samples(task, tokenizer, int(self.cfg.context_length), int(self.cfg.num_samples),
-                                         seed=seed, chat_template=bool(self.cfg.chat_template),
-                                         essay_path=self.cfg.essay_path)
+        for length in self.lengths:
+            for task in self.cfg.tasks:
+                for s in generate_samples(task, tokenizer, length, int(self.cfg.num_samples), seed=seed,
+                                          chat_template=bool(self.cfg.chat_template), data_dir=self.cfg.data_dir,
+                                          essay_path=self.cfg.essay_path, cache_dir=self.cfg.cache_dir):
+                    out.append({**s, "id": f"{task}/{length}/{s['index']}", "context_length": length})
         return out
 
     def score(self, prediction: str, sample: dict) -> float:
@@ -42,26 +50,48 @@ class RulerNiah:
         return sample_score(prediction, sample["outputs"], sample["metric"])
 
     def aggregate(self, rows: list[dict]) -> dict:
-        return per_task_scores(rows, list(self.cfg.tasks))
+        """Per task (mean over lengths of the per-length task scores), the average of the tasks, and per length the
+        task scores, the NIAH / VT / aggregation / QA category means, Avg and both weighted averages."""
+        from eval.ruler.aggregate import category_scores, summarize_lengths, task_scores_from_rows
+
+        by_length = task_scores_from_rows(rows)
+        tasks = [t for t in self.cfg.tasks if any(t in ts for ts in by_length.values())]
+        scores = {t: round(sum(ts[t] for ts in by_length.values() if t in ts)
+                           / sum(t in ts for ts in by_length.values()), 2) for t in tasks}
+        lengths = summarize_lengths(by_length)
+        return {
+            "scores": scores,
+            "average": round(sum(scores.values()) / len(scores), 2) if scores else None,
+            "num_samples": {t: sum(r["task"] == t for r in rows) for t in tasks},
+            "categories": {cat: round(v, 2) for cat, v in category_scores(scores).items()},
+            "per_length": {"task_scores": by_length, **lengths},
+        }
 
     def run_record(self, tokenizer) -> dict:
-        from eval.ruler.tasks import GENERATOR_VERSION
+        from eval.ruler.tasks import GENERATOR_VERSIONS
 
         return {
             "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
-            "context_length": int(self.cfg.context_length),
+            "context_lengths": self.lengths,
             "truncation": "none (prompts sized to context_length)",
             "chat_template": bool(self.cfg.chat_template),
             "answer_prefix": True,
-            "generator_version": GENERATOR_VERSION,
+            "generator_versions": GENERATOR_VERSIONS,
             "wonderwords": importlib.metadata.version("wonderwords"),
+            "nltk": importlib.metadata.version("nltk"),
+            "numpy": importlib.metadata.version("numpy"),
         }
 
 
-BENCHMARKS = {RulerNiah.name: RulerNiah}
+def _registry() -> dict:
+    from eval.infinitebench import InfiniteBench
+    from eval.longbench import LongBench, LongBenchE
+
+    return {b.name: b for b in (Ruler, LongBench, LongBenchE, InfiniteBench)}
 
 
 def build_benchmark(cfg):
-    if cfg.name not in BENCHMARKS:
-        raise ConfigError(f"unknown benchmark {cfg.name!r}; choose one of {sorted(BENCHMARKS)}")
-    return BENCHMARKS[cfg.name](cfg)
+    benchmarks = _registry()
+    if cfg.name not in benchmarks:
+        raise ConfigError(f"unknown benchmark {cfg.name!r}; choose one of {sorted(benchmarks)}")
+    return benchmarks[cfg.name](cfg)

@@ -49,10 +49,7 @@ def run_benchmark(config: dict, cfg) -> dict:
 
     seed_everything(int(config["seed"]))
     loaded = load_model(cfg.model)
-    context_length = int(config["benchmark"]["context_length"])
-    if context_length > loaded.max_context:
-        raise ConfigError(f"benchmark.context_length={context_length} exceeds the maximum context of model "
-                          f"{loaded.name} ({loaded.max_context}); use a value <= {loaded.max_context}")
+    check_context(config["benchmark"], loaded)
     samples = benchmark.samples(loaded.tokenizer, int(config["seed"]))
     done = read_predictions(pred_path)
     finished = {sample_id(r) for r in done}
@@ -86,6 +83,17 @@ def run_benchmark(config: dict, cfg) -> dict:
     return metrics
 
 
+def check_context(bench: dict, loaded) -> None:
+    """The benchmark's prompt length (RULER context_length, possibly a list; LongBench/InfiniteBench max_length)
+    must fit the model."""
+    key = "context_length" if "context_length" in bench else "max_length"
+    value = bench.get(key)
+    longest = max(value) if isinstance(value, (list, tuple)) else value
+    if longest is not None and int(longest) > loaded.max_context:
+        raise ConfigError(f"benchmark.{key}={value} exceeds the maximum context of model {loaded.name} "
+                          f"({loaded.max_context}); use a value <= {loaded.max_context}")
+
+
 def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict) -> dict:
     tok = loaded.tokenizer
     if sample.get("input_ids") is not None:
@@ -96,7 +104,8 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
                           measure_coverage=bool(config["measure_coverage"]))
     start = time.perf_counter()
     stop_ids = list(loaded.eos_token_ids) + [t for t in sample.get("stop_token_ids", []) if t not in loaded.eos_token_ids]
-    out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids)
+    out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids,
+                   min_new_tokens=int(sample.get("min_new_tokens", 0)))
     seconds = time.perf_counter() - start
     prediction = tok.decode(out[0], skip_special_tokens=True)
     stats = cache.stats.summary()

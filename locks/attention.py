@@ -153,5 +153,6 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
     coverage = None
     if cache.measure_coverage:
         coverage = torch.ones(B, q.shape[1]) if lse is None else torch.exp(lse - dense_lse(q, key, scaling)).cpu()
-    cache.stats.add(stats, L, coverage)
+    certificate = sel.certify(lse) if (sel.certify is not None and lse is not None) else None
+    cache.stats.add(stats, L, coverage, certificate)
     return out, None

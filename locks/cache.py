@@ -74,8 +74,11 @@ class DecodeStats:
     context_tokens: float = 0.0
     coverage_sum: float = 0.0
     coverage_count: int = 0
+    certificate_sum: float = 0.0
+    plugin_sum: float = 0.0
+    certificate_count: int = 0
 
-    def add(self, s: StepStats, context: int, coverage: Tensor | None) -> None:
+    def add(self, s: StepStats, context: int, coverage: Tensor | None, certificate: dict | None = None) -> None:
         self.layer_steps += 1
         self.bytes_read += s.bytes_read
         self.full_bytes += s.full_bytes
@@ -87,6 +90,10 @@ class DecodeStats:
         if coverage is not None:
             self.coverage_sum += float(coverage.sum())
             self.coverage_count += coverage.numel()
+        if certificate is not None:
+            self.certificate_sum += float(certificate["certificate"].sum())
+            self.plugin_sum += float(certificate["plugin_coverage"].sum())
+            self.certificate_count += certificate["certificate"].numel()
 
     def summary(self) -> dict:
         """Means per decode step (bytes: all layers and KV heads of one step; tokens: per layer and KV head)."""
@@ -102,6 +109,9 @@ class DecodeStats:
             "forced_tokens_per_step": self.forced_tokens / layer_steps,
             "context_tokens_per_step": self.context_tokens / layer_steps,
             "coverage": self.coverage_sum / self.coverage_count if self.coverage_count else None,
+            # means over the steps/layers/heads where the selector scored pages (None when it never had to)
+            "certificate": self.certificate_sum / self.certificate_count if self.certificate_count else None,
+            "plugin_coverage": self.plugin_sum / self.certificate_count if self.certificate_count else None,
         }
 
 

@@ -8,7 +8,7 @@ decode, when a page's last token arrives (A2); the partial page is attended dens
 """
 from locks.pages import PageSelector
 from locks.selector import ConfigError, register
-from locks.summaries import build_summaries, concat_summaries, page_scores, summary_bytes_per_page
+from locks.summaries import build_summaries, concat_summaries, page_scores, score_bound, summary_bytes_per_page
 
 
 @register
@@ -43,6 +43,9 @@ class LocksSelector(PageSelector):
 
     def page_scores(self, query, keys, num_pages):
         return page_scores(query, self.summaries, self.info.scaling)[..., :num_pages]
+
+    def score_bounds(self, query, num_pages):
+        return score_bound(query, self.summaries, self.info.scaling)[..., :num_pages]
 
     def scoring_bytes(self, num_candidates):
         # A7: summaries of the candidate pages + the G queries + the aggregated score written and re-read (fp32).

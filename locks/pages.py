@@ -83,6 +83,10 @@ class PageSelector(Selector):
     def scoring_bytes(self, num_candidates: int) -> float:
         """Bytes read per KV head to score `num_candidates` pages (summaries, queries, score round trips)."""
 
+    def score_bounds(self, query: Tensor, num_pages: int) -> Tensor:
+        """eta_bar [B, Hq, num_pages] with |S_{g,j} - l_{g,j}| <= eta_bar_{g,j} (exact scores: zeros)."""
+        return torch.zeros(query.shape[0], query.shape[1], num_pages, device=query.device)
+
     def forced_log_mass(self, query: Tensor, keys: Tensor, forced_tokens: Tensor) -> Tensor | None:
         """Exact log-mass of the forced tokens per query head, if the method can know it (Oracle). Default: None."""
         return None
@@ -116,6 +120,7 @@ class PageSelector(Selector):
         forced_idx = torch.tensor(sorted(forced), device=device, dtype=torch.long)
 
         metadata_bytes = 0.0
+        certify = None
         if k_pages >= num_candidates:  # everything fits: no scoring needed, attend all tokens
             chosen = torch.arange(num_pages, device=device).expand(B, Hkv, num_pages)
             max_tokens = L
@@ -131,6 +136,7 @@ class PageSelector(Selector):
             top = torch.topk(agg, k_pages, dim=-1).indices
             chosen = torch.cat([top, forced_idx.expand(B, Hkv, len(forced))], -1).sort(dim=-1).values
             metadata_bytes = self.scoring_bytes(num_candidates) * Hkv
+            certify = self._certificate(query, scores, chosen, num_pages)
         tokens = torch.cat([pages_to_tokens(chosen, n), tail_idx], dim=-1)  # sorted, unique
         valid = torch.ones_like(tokens, dtype=torch.bool)
         pad = max_tokens - tokens.shape[-1]  # fixed size per step: pad with token 0, masked out
@@ -138,4 +144,26 @@ class PageSelector(Selector):
             tokens = torch.cat([tokens, tokens.new_zeros(B, Hkv, pad)], -1)
             valid = torch.cat([valid, valid.new_zeros(B, Hkv, pad)], -1)
         return Selection(indices=tokens.unsqueeze(2), valid=valid.unsqueeze(2), forced_tokens=float(forced_tokens),
-                         metadata_bytes=float(metadata_bytes))
+                         metadata_bytes=float(metadata_bytes), certify=certify)
+
+    def _certificate(self, query: Tensor, scores: Tensor, chosen: Tensor, num_pages: int):
+        """Per-step coverage certificate (specs/locks.md A5.5), given the selected set's exact lse_sel per head:
+
+            log Cov_g >= lse_sel,g - logaddexp(lse_sel,g, logsumexp_{j not in T} (S_{g,j} + eta_bar_{g,j}))
+
+        (rigorous: l_j <= S_j + eta_bar_j), and the plug-in estimate with eta_bar = 0 (no guarantee).
+        """
+        B, Hq, _ = scores.shape
+        G = self.info.group_size
+        outside = torch.ones(B, chosen.shape[1], num_pages, dtype=torch.bool, device=scores.device)
+        outside.scatter_(2, chosen, False)
+        outside = outside.repeat_interleave(G, dim=1)  # [B, Hq, P]
+        eta = self.score_bounds(query, num_pages)
+        rest_bound = torch.logsumexp((scores + eta).masked_fill(~outside, float("-inf")), dim=-1)
+        rest_plugin = torch.logsumexp(scores.masked_fill(~outside, float("-inf")), dim=-1)
+
+        def certify(lse_sel: Tensor) -> dict[str, Tensor]:
+            return {"certificate": torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_bound)),
+                    "plugin_coverage": torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_plugin))}
+
+        return certify

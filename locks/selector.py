@@ -73,6 +73,9 @@ class Selection:
     metadata_bytes: float = 0.0  # summary/metadata bytes read this step, summed over KV heads (batch mean)
     kv_bytes: float | None = None  # exact K/V bytes read, summed over KV heads; None -> computed from the indices
     h2d_bytes: float = 0.0  # host-to-device bytes moved this step (offloading methods)
+    # Optional: lse_sel [B, Hq] of the attended set -> {"certificate": ..., "plugin_coverage": ...} lower bounds /
+    # estimates of each head's attention-mass coverage (LOCKS A5.5); logged every step when present.
+    certify: Callable[[Tensor], dict] | None = None
 
     @staticmethod
     def all_tokens() -> "Selection":

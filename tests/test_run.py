@@ -104,7 +104,7 @@ def test_wandb_offline_run_holds_the_summary(tmp_path):
     (["method.page_size=12"], "method.page_size"),
     (["benchmark.tasks=[niah_nothing]"], "benchmark.tasks"),
     (["benchmark.context_length=100000"], "benchmark.context_length=100000 exceeds"),
-    (["benchmark.tasks=[niah_single_2]"], "essay_path"),
+    (["benchmark.tasks=[niah_single_2]"], "needs PaulGrahamEssays.json"),
     (["model=llama3_1_8b_instruct", "model.path=/nonexistent/llama"], "model.path=/path/to/checkpoint"),
 ])
 def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, expected):
@@ -124,3 +124,21 @@ def test_embedded_model_end_to_end(tmp_path):
     assert set(metrics["scores"]) == {"niah_single_1", "niah_multikey_2", "niah_multikey_3"}
     assert metrics["model"] == "smollm2_135m" and metrics["attended_tokens_per_step"] <= 256
     assert "average" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("benchmark,tasks", [
+    ("longbench", "[trec,passage_count,samsum]"),
+    ("longbench_e", "[passage_retrieval_en]"),
+    ("infinitebench", "[passkey,kv_retrieval,code_debug]"),
+])
+def test_embedded_model_end_to_end_on_fixtures(tmp_path, benchmark, tasks):
+    data = "longbench" if benchmark.startswith("longbench") else benchmark
+    args = [f"benchmark={benchmark}", f"benchmark.data_dir={ROOT}/tests/fixtures/{data}", f"benchmark.tasks={tasks}",
+            "benchmark.num_samples=1", "benchmark.max_length=1024", "method=locks", "budget=256", "logger=none"]
+    result = run(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((the_run_dir(tmp_path) / "metrics.json").read_text())
+    assert set(metrics["scores"]) == set(tasks.strip("[]").split(","))
+    assert all(0 <= s <= 100 for s in metrics["scores"].values())
+    assert metrics["model"] == "smollm2_135m" and "average" in result.stdout

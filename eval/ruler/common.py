@@ -7,7 +7,6 @@ output stays byte-identical.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -87,14 +86,23 @@ def search_and_generate(task: str, build: Callable[[int], tuple], n_tokens: Call
     if cap is not None:
         hi = min(hi, cap)
     best, smallest_fail = None, None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        tokens = n_tokens(build(mid))
-        if tokens <= budget:
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-            smallest_fail = (mid, tokens)
+    while True:
+        top = hi
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            tokens = n_tokens(build(mid))
+            if tokens <= budget:
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+                smallest_fail = (mid, tokens)
+        # Deviation: upstream stops at its upper bound even when that bound still fits, which
+        # under-fills prompts whose probe overestimates the per-unit cost (e.g. VT, whose probe
+        # includes the ~500-token ICL example).  We keep searching above it (doubling); the random
+        # stream is upstream's whenever its bound was not binding.
+        if best != top or (cap is not None and top >= cap):
+            break
+        lo, hi = top + 1, top * 2 if cap is None else min(top * 2, cap)
     if best is None:
         n, tokens = smallest_fail if smallest_fail else (unit, None)
         raise ValueError(
@@ -123,7 +131,3 @@ def search_and_generate(task: str, build: Callable[[int], tuple], n_tokens: Call
         out.append((built, tokens, used))
     return out, best
 
-
-def file_fingerprint(path: str | os.PathLike) -> str:
-    st = os.stat(path)
-    return f"{Path(path).name}:{st.st_size}:{st.st_mtime_ns}"
