@@ -19,3 +19,33 @@ def embedded():
     from locks.models import load_model
 
     return load_model(OmegaConf.create({"name": "smollm2_135m", "source": "gguf_package"}))
+
+
+class WhitespaceTokenizer:
+    """eval_fixtures.md §1.2 stub: text_to_tokens = str.split; a toy chat template."""
+
+    name_or_path = "whitespace-stub"
+
+    def tokenize(self, text):
+        return text.split()
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False):
+        assert not tokenize and add_generation_prompt
+        return "<user>\n" + messages[0]["content"] + "\n<assistant>\n"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The embedded model's tokenizer (GGUF), ~3 s to load."""
+    import transformers
+
+    from locks.embedded_model import smollm2_gguf_path
+
+    p = smollm2_gguf_path()
+    return transformers.AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
+
+
+@pytest.fixture(scope="module")
+def ws():
+    return WhitespaceTokenizer()
+

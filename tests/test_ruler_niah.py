@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.conftest import WhitespaceTokenizer
+
 from eval.ruler import metrics as M
 from eval.ruler import niah as N
 from eval.ruler.tasks import (
@@ -30,30 +32,6 @@ from eval.ruler.tasks import (
 # ---------------------------------------------------------------------------------- fixtures
 
 
-class WhitespaceTokenizer:
-    """eval_fixtures.md §1.2 stub: text_to_tokens = str.split; a toy chat template."""
-
-    def tokenize(self, text):
-        return text.split()
-
-    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False):
-        assert not tokenize and add_generation_prompt
-        return "<user>\n" + messages[0]["content"] + "\n<assistant>\n"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    import transformers
-
-    from locks.embedded_model import smollm2_gguf_path
-
-    p = smollm2_gguf_path()
-    return transformers.AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
-
-
-@pytest.fixture(scope="module")
-def ws():
-    return WhitespaceTokenizer()
 
 
 def make_essay(n_words: int = 3000, seed: int = 7) -> str:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import WhitespaceTokenizer
+
 from eval.ruler import aggregate as A
 from eval.ruler import generate as G
 from eval.ruler import metrics as M
@@ -30,32 +32,6 @@ SOURCES = Path(__file__).parent / "fixtures" / "ruler" / "sources"
 NEW_TASKS = ("vt", "cwe", "fwe", "qa_1", "qa_2")
 
 
-class WhitespaceTokenizer:
-    """eval_fixtures.md §1.2 stub: text_to_tokens = str.split; a toy chat template."""
-
-    name_or_path = "whitespace-stub"
-
-    def tokenize(self, text):
-        return text.split()
-
-    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False):
-        assert not tokenize and add_generation_prompt
-        return "<user>\n" + messages[0]["content"] + "\n<assistant>\n"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    import transformers
-
-    from locks.embedded_model import smollm2_gguf_path
-
-    p = smollm2_gguf_path()
-    return transformers.AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
-
-
-@pytest.fixture(scope="module")
-def ws():
-    return WhitespaceTokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -131,3 +131,19 @@ def search_and_generate(task: str, build: Callable[[int], tuple], n_tokens: Call
         out.append((built, tokens, used))
     return out, best
 
+
+def sample_records(task: str, cfg: dict, results: list, chat_template: bool) -> list[dict]:
+    """The generated-record dicts (same fields as the NIAH generator) from search_and_generate's results, whose
+    built samples are (full prompt, answer prefix, answers)."""
+    return [{
+        "index": i,
+        "task": task,
+        "input": full,
+        "outputs": list(answer),
+        "answer_prefix": prefix,
+        "length": tokens,
+        "max_new_tokens": cfg["tokens_to_generate"],
+        "metric": cfg["metric"],
+        "chat_template": bool(chat_template),
+        "num_haystack": used,
+    } for i, ((full, prefix, answer), tokens, used) in enumerate(results)]

@@ -22,7 +22,7 @@ import os
 import random
 from pathlib import Path
 
-from .common import count_tokens, resolve_data_file, search_and_generate, wrap
+from .common import count_tokens, resolve_data_file, sample_records, search_and_generate, wrap
 from .niah import _read_wordlist
 from .tasks import (
     CWE_FAMILY,
@@ -108,15 +108,5 @@ def generate_cwe_samples(task: str, tokenizer, context_length: int, num_samples:
     if english is None and best == cap:
         # more distinct words would fit than wonderwords has: upstream switches to english_words.json
         resolve_data_file("english_words", task, data_dir)
-    return [{
-        "index": i,
-        "task": task,
-        "input": full,
-        "outputs": list(answer),
-        "answer_prefix": prefix,
-        "length": tokens,
-        "max_new_tokens": ttg,
-        "metric": cfg["metric"],
-        "chat_template": bool(chat_template),
-        "num_haystack": used,
-    } for i, ((full, answer), tokens, used) in enumerate(results)]
+    results = [((full, prefix, answer), tokens, used) for (full, answer), tokens, used in results]
+    return sample_records(task, cfg, results, chat_template)

@@ -18,7 +18,7 @@ import os
 import random
 from pathlib import Path
 
-from .common import count_tokens, resolve_data_file, search_and_generate, wrap
+from .common import count_tokens, resolve_data_file, sample_records, search_and_generate, wrap
 from .tasks import OTHER_TASKS, QA_DOC_UNIT, QA_DOCUMENT, QA_FAMILY, SEARCH_SLACK
 
 
@@ -123,15 +123,4 @@ def generate_qa_samples(task: str, tokenizer, context_length: int, num_samples: 
     results, _ = search_and_generate(task, lambda n: build_for(0, n), lambda b: count_tokens(tokenizer, b[0]) + ttg,
                                      context_length, QA_DOC_UNIT, QA_DOC_UNIT, SEARCH_SLACK, num_samples,
                                      sample_build=build_for, kind="documents")
-    return [{
-        "index": i,
-        "task": task,
-        "input": full,
-        "outputs": answer,
-        "answer_prefix": prefix,
-        "length": tokens,
-        "max_new_tokens": ttg,
-        "metric": cfg["metric"],
-        "chat_template": bool(chat_template),
-        "num_haystack": used,
-    } for i, ((full, prefix, answer), tokens, used) in enumerate(results)]
+    return sample_records(task, cfg, results, chat_template)

@@ -18,7 +18,7 @@ import string
 
 import numpy as np
 
-from .common import count_tokens, search_and_generate, wrap
+from .common import count_tokens, sample_records, search_and_generate, wrap
 from .tasks import (
     NOISE_SENTENCE,
     OTHER_TASKS,
@@ -117,15 +117,4 @@ def generate_vt_samples(task: str, tokenizer, context_length: int, num_samples: 
     unit = VT_SMALL_LINE_UNIT if context_length < SMALL_CONTEXT_THRESHOLD else VT_LINE_UNIT
     results, _ = search_and_generate(task, build, lambda b: count_tokens(tokenizer, b[0]) + ttg, context_length,
                                      unit, unit, SEARCH_SLACK, num_samples, kind="noise lines")
-    return [{
-        "index": i,
-        "task": task,
-        "input": full,
-        "outputs": list(answer),
-        "answer_prefix": prefix,
-        "length": tokens,
-        "max_new_tokens": ttg,
-        "metric": cfg["metric"],
-        "chat_template": bool(chat_template),
-        "num_haystack": used,
-    } for i, ((full, prefix, answer), tokens, used) in enumerate(results)]
+    return sample_records(task, cfg, results, chat_template)
