@@ -78,17 +78,23 @@ def per_task_scores(rows: list[dict], tasks: list[str]) -> dict:
     }
 
 
+def _mean_or_none(df: pd.DataFrame, column: str) -> float | None:
+    values = df[column].dropna() if column in df else pd.Series(dtype=float)
+    return float(values.mean()) if len(values) else None
+
+
 def efficiency_summary(rows: list[dict]) -> dict:
     """Means over samples of the per-step accounting: attended fraction, bytes ratio vs FullKV, coverage, time."""
     df = pd.DataFrame(rows)
-    coverage = df["coverage"].dropna() if "coverage" in df else pd.Series(dtype=float)
     return {
         "attended_fraction": float((df["attended_tokens_per_step"] / df["context_tokens_per_step"]).mean()),
         "attended_tokens_per_step": float(df["attended_tokens_per_step"].mean()),
         "bytes_read_ratio": float((df["bytes_read_per_step"] / df["full_bytes_per_step"]).mean()),
         "bytes_read_per_step": float(df["bytes_read_per_step"].mean()),
         "full_bytes_per_step": float(df["full_bytes_per_step"].mean()),
-        "coverage": float(coverage.mean()) if len(coverage) else None,
+        "coverage": _mean_or_none(df, "coverage"),
+        "certificate": _mean_or_none(df, "certificate"),
+        "plugin_coverage": _mean_or_none(df, "plugin_coverage"),
         "seconds_per_sample": float(df["seconds"].mean()),
     }
 
@@ -101,4 +107,6 @@ def score_table(metrics: dict) -> str:
              f"{metrics['bytes_read_ratio']:.3f}")
     if metrics.get("coverage") is not None:
         extra += f" | attention-mass coverage {metrics['coverage']:.4f}"
+    if metrics.get("certificate") is not None:
+        extra += f" (certified >= {metrics['certificate']:.4f}, plug-in {metrics['plugin_coverage']:.4f})"
     return f"{table}\n{extra}"

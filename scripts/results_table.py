@@ -20,6 +20,7 @@ def row(path: Path) -> dict:
         "attended tokens/step": round(m["attended_tokens_per_step"], 1),
         "bytes vs FullKV": round(m["bytes_read_ratio"], 3),
         "coverage": None if m.get("coverage") is None else round(m["coverage"], 4),
+        "certificate": None if m.get("certificate") is None else round(m["certificate"], 4),
         "s/sample (CPU)": round(m["seconds_per_sample"], 1),
     })
     return out
