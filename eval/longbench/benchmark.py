@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import json
 import math
-from pathlib import Path
 
 from eval.longbench import metrics
 from eval.longbench.data import HF_DATASET_ID, config_name, load_task
 
-_DATA = json.loads((Path(__file__).with_name("prompts.json")).read_text(encoding="utf-8"))
+_DATA = metrics.BENCHMARK_DATA
 TASKS = tuple(_DATA["tasks"])
 TASKS_E = tuple(_DATA["tasks_e"])
 DATASET2PROMPT = dict(_DATA["dataset2prompt"])

@@ -16,7 +16,9 @@ import string
 from collections import Counter
 from pathlib import Path
 
-_DATA = json.loads((Path(__file__).with_name("prompts.json")).read_text(encoding="utf-8"))
+# The benchmark data file (prompts, max-new-token table, metric names, buckets), parsed once for the package.
+BENCHMARK_DATA = json.loads((Path(__file__).with_name("prompts.json")).read_text(encoding="utf-8"))
+_DATA = BENCHMARK_DATA
 
 FIRST_LINE_TASKS = tuple(_DATA["first_line_tasks"])
 DATASET2METRIC_NAME = dict(_DATA["dataset2metric"])
