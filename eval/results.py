@@ -96,7 +96,17 @@ def efficiency_summary(rows: list[dict]) -> dict:
         "certificate": _mean_or_none(df, "certificate"),
         "plugin_coverage": _mean_or_none(df, "plugin_coverage"),
         "seconds_per_sample": float(df["seconds"].mean()),
+        "method_metrics": _method_metrics(rows),
     }
+
+
+def _method_metrics(rows: list[dict]) -> dict:
+    """Means over samples of each selector-specific number (e.g. ShadowKV's chunk hit rate)."""
+    values: dict[str, list[float]] = {}
+    for r in rows:
+        for name, v in (r.get("method_metrics") or {}).items():
+            values.setdefault(name, []).append(float(v))
+    return {name: sum(v) / len(v) for name, v in values.items()}
 
 
 def score_table(metrics: dict) -> str:
@@ -109,4 +119,6 @@ def score_table(metrics: dict) -> str:
         extra += f" | attention-mass coverage {metrics['coverage']:.4f}"
     if metrics.get("certificate") is not None:
         extra += f" (certified >= {metrics['certificate']:.4f}, plug-in {metrics['plugin_coverage']:.4f})"
+    for name, value in (metrics.get("method_metrics") or {}).items():
+        extra += f" | {name} {value:.4f}"
     return f"{table}\n{extra}"

@@ -121,4 +121,5 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
         "generated_tokens": int(out.shape[1]),
         "seconds": round(seconds, 3),
         **stats,
+        "method_metrics": cache.extra_metrics(),
     }

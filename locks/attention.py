@@ -47,7 +47,7 @@ def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, s
     idx = sel.indices.clamp(0, keys.shape[2] - 1)
     Gs = idx.shape[2]
     k = sel.keys if sel.keys is not None else gather_tokens(keys, idx)
-    v = gather_tokens(values, idx)
+    v = sel.values if sel.values is not None else gather_tokens(values, idx)
     q = query.view(B, Hkv, G, d).float()
     if Gs == 1:
         logits = torch.einsum("bhgd,bhkd->bhgk", q, k[:, :, 0].float())
@@ -113,6 +113,7 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         ctx = PrefillContext(
             keys=k, values=v, queries=query.detach(), positions=positions,
             pre_rope_keys=lambda: cache.unrotate(k, positions),
+            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length, rotate=cache.rotate,
         )
         selector.prefill(ctx)
         return out, None

@@ -136,11 +136,31 @@ class SelectorCache(Cache):
         self.infos = infos
         self.rotary_emb = model.model.rotary_emb
         self.phase = "prefill"
+        self.max_new_tokens: int | None = None  # set by `generate` before the prefill
+        self.max_length = int(getattr(config, "max_position_embeddings", 0)) or None
         self.measure_coverage = measure_coverage
         self.stats = DecodeStats()
 
     def selector(self, layer_idx: int) -> Selector:
         return self.layers[layer_idx].selector
+
+    def extra_metrics(self) -> dict:
+        """Each selector's `extra_metrics()` averaged over the layers that report it."""
+        sums: dict[str, list[float]] = {}
+        for layer in self.layers:
+            for name, value in layer.selector.extra_metrics().items():
+                if value is not None:
+                    sums.setdefault(name, []).append(float(value))
+        return {name: sum(v) / len(v) for name, v in sums.items()}
+
+    def rotate(self, keys: Tensor, positions: Tensor) -> Tensor:
+        """Post-RoPE keys from pre-RoPE keys [B, Hkv, n, d] at `positions` [B, n] (Llama rotate_half RoPE)."""
+        cos, sin = self.rotary_emb(keys, position_ids=positions)
+        cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+        k = keys.float()
+        half = k.shape[-1] // 2
+        rotated = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+        return (k * cos + rotated * sin).to(keys.dtype)
 
     def unrotate(self, keys: Tensor, positions: Tensor) -> Tensor:
         """Pre-RoPE keys from post-RoPE keys by the inverse rotation with the layer's own cos/sin.

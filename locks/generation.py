@@ -25,6 +25,7 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
         return logits.argmax(-1)
 
     cache.phase = "prefill"
+    cache.max_new_tokens = int(max_new_tokens)
     logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
     token = pick(logits, 0)
     out = [token]

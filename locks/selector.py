@@ -53,6 +53,9 @@ class PrefillContext:
     queries: Tensor  # [B, Hq, L, d] post-RoPE queries of the whole prompt (take the last window if needed)
     positions: Tensor  # [B, L] RoPE positions of the cached tokens
     pre_rope_keys: Callable[[], Tensor]  # -> [B, Hkv, L, d] keys before the rotation (inverted exactly, see cache.py)
+    max_new_tokens: int | None = None  # the generation's token limit for this sample (RocketKV sizes its stages by it)
+    max_length: int | None = None  # the model's maximum context (max_position_embeddings)
+    rotate: Callable[[Tensor, Tensor], Tensor] | None = None  # (pre-RoPE keys [B, Hkv, n, d], positions [B, n]) -> post-RoPE
 
 
 @dataclass
@@ -62,13 +65,15 @@ class Selection:
     `indices` is [B, Hkv, Gs, K] (int64) with Gs = 1 (the whole GQA group shares the set) or Gs = G (each query head
     has its own set); K is fixed for a step, invalid tail entries are masked by `valid` (same shape, bool).
     `dense=True` means: attend every cached token (FullKV, or a selector whose budget covers the context).
-    `keys` optionally overrides the gathered keys ([B, Hkv, Gs, K, d]) for methods that attend reconstructed keys.
+    `keys` optionally overrides the gathered keys ([B, Hkv, Gs, K, d]) for methods that attend reconstructed keys;
+    `values` likewise overrides the gathered values (methods that serve values from their own offloaded store).
     """
 
     indices: Tensor | None = None
     valid: Tensor | None = None
     dense: bool = False
     keys: Tensor | None = None
+    values: Tensor | None = None
     forced_tokens: float = 0.0  # always-attended extras among the attended tokens (mean per KV head)
     metadata_bytes: float = 0.0  # summary/metadata bytes read this step, summed over KV heads (batch mean)
     kv_bytes: float | None = None  # exact K/V bytes read, summed over KV heads; None -> computed from the indices
@@ -134,7 +139,8 @@ class Selector(ABC):
         return torch.cat([self.alive, self.alive.new_ones(*self.alive.shape[:-1], extra)], dim=-1)
 
     def extra_metrics(self) -> dict:
-        """Method-specific per-run numbers (hit rates, ...) merged into metrics.json."""
+        """Method-specific numbers of this layer for the current sample (hit rates, ...): name -> float.
+        Averaged over layers per sample, then over samples, into metrics.json["method_metrics"]."""
         return {}
 
 

@@ -109,6 +109,8 @@ def test_pre_rope_keys_equal_the_key_projection(tiny):
     k_pre = captured["k"].view(1, 120, H, d).transpose(1, 2)
     unrotated = cache.unrotate(cache.layers[1].keys, torch.arange(120)[None])
     assert torch.allclose(unrotated, k_pre, atol=1e-5)
+    # cache.rotate re-applies the layer's RoPE: rotating the projection reproduces the cached keys
+    assert torch.allclose(cache.rotate(k_pre, torch.arange(120)[None]), cache.layers[1].keys, atol=1e-5)
 
 
 @pytest.mark.slow
