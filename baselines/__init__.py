@@ -1,2 +1,6 @@
-"""Baseline selectors; importing this package registers them by name."""
-from baselines import fullkv, oracle  # noqa: F401
+"""Baseline selectors, one module per method; importing this package registers every one of them by name."""
+import importlib
+import pkgutil
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
