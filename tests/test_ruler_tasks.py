@@ -322,3 +322,55 @@ def test_generation_speed_self_contained(tok):
     for task in SELF_CONTAINED_TASKS:
         assert len(G.generate_samples(task, tok, 4096, 4, seed=1)) == 4
     assert time.perf_counter() - t0 < 10.0
+
+
+def _squad_hub_rows(squad: dict) -> list[dict]:
+    """The rajpurkar/squad_v2 row layout of a SQuAD v2 file (what `datasets` serves), written out by hand."""
+    return [{"id": qa["id"], "title": art["title"], "context": p["context"], "question": qa["question"],
+             "answers": {"text": [a["text"] for a in qa["answers"]],
+                         "answer_start": [a["answer_start"] for a in qa["answers"]]}}
+            for art in squad["data"] for p in art["paragraphs"] for qa in p["qas"]]
+
+
+def _hotpot_hub_rows(hotpot: list) -> list[dict]:
+    return [{"id": d["_id"], "question": d["question"], "answer": d["answer"], "type": d["type"], "level": d["level"],
+             "supporting_facts": {"title": [t for t, _ in d["supporting_facts"]],
+                                  "sent_id": [i for _, i in d["supporting_facts"]]},
+             "context": {"title": [t for t, _ in d["context"]], "sentences": [s for _, s in d["context"]]}}
+            for d in hotpot]
+
+
+def test_qa_sources_rebuilt_from_the_hub_equal_the_local_files(ws, tmp_path, monkeypatch):
+    import datasets
+
+    from eval.ruler import qa as Q
+
+    squad = json.loads((SOURCES / "squad.json").read_text())
+    hotpot = json.loads((SOURCES / "hotpotqa.json").read_text())
+    served = {"rajpurkar/squad_v2": datasets.Dataset.from_list(_squad_hub_rows(squad)),
+              "hotpotqa/hotpot_qa": datasets.Dataset.from_list(_hotpot_hub_rows(hotpot))}
+    calls = []
+
+    def fake_load_dataset(repo, config=None, split=None):
+        calls.append((repo, config, split))
+        return served[repo]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    cache = tmp_path / "cache"
+    for task, kind in (("qa_1", "squad"), ("qa_2", "hotpotqa")):
+        via_hub = G.generate_samples(task, ws, 2048, 2, seed=42, cache_dir=cache)
+        assert via_hub == G.generate_samples(task, ws, 2048, 2, seed=42, data_dir=SOURCES)
+        rebuilt = cache / "hub" / f"{kind}.json"
+        assert Q.read_squad(rebuilt) == Q.read_squad(SOURCES / "squad.json") if kind == "squad" else \
+            Q.read_hotpotqa(rebuilt) == Q.read_hotpotqa(SOURCES / "hotpotqa.json")
+    assert calls == [("rajpurkar/squad_v2", None, "validation"), ("hotpotqa/hotpot_qa", "distractor", "validation")]
+
+
+def test_qa_source_missing_offline_names_the_file_and_the_hub(ws, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError) as err:
+        G.generate_samples("qa_1", ws, 2048, 1, cache_dir=tmp_path)
+    msg = str(err.value)
+    assert "squad.json" in msg and "benchmark.data_dir" in msg and "rajpurkar/squad_v2" in msg and "\n" not in msg

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from .hub import HUB_SOURCES, fetch_from_hub
+
 # Retries of one sample at the smallest haystack size before giving up (upstream: infinite, pitfall 6).
 MAX_RETRIES_AT_MIN = 50
 
@@ -46,8 +48,9 @@ def wrap(tokenizer, task_text: str, chat_template: bool, task: str) -> str:
         raise ValueError(f"{e}\n(RULER {task}: this tokenizer has no chat template; use chat_template=False)") from e
 
 
-def resolve_data_file(kind: str, task: str, data_dir=None, explicit=None) -> Path:
-    """The local file for one external source: ``explicit`` if given, else ``data_dir/<RULER name>``.
+def resolve_data_file(kind: str, task: str, data_dir=None, explicit=None, hub_cache=None) -> Path:
+    """The local file for one external source: ``explicit`` if given, else ``data_dir/<RULER name>``, else (SQuAD,
+    HotpotQA, when ``hub_cache`` is given and the Hub is reachable) the file rebuilt from its ``datasets`` mirror.
 
     Raises one FileNotFoundError naming the missing file and the ``benchmark.data_dir=...`` fix.
     """
@@ -62,6 +65,11 @@ def resolve_data_file(kind: str, task: str, data_dir=None, explicit=None) -> Pat
             return c
     where = (f"looked for {', '.join(repr(str(c)) for c in candidates)}" if candidates
              else "no data directory was given")
+    if hub_cache is not None and kind in HUB_SOURCES:
+        try:
+            return fetch_from_hub(kind, name, hub_cache)
+        except FileNotFoundError as e:
+            where += f"; {e}"
     raise FileNotFoundError(
         f"RULER task {task} needs {name} ({_DATA_HOWTO[kind]}), but it was not found ({where}). "
         f"Put {name} into a directory and pass benchmark.data_dir=/path/to/that/directory."

@@ -5,9 +5,10 @@
 
 External sources are read from ``data_dir`` under RULER's file names (``PaulGrahamEssays.json``,
 ``squad.json``, ``hotpotqa.json``, ``english_words.json``); ``essay_path`` (kept from the NIAH API)
-overrides the essay file.  A missing source raises one FileNotFoundError naming the file and the
-``benchmark.data_dir=...`` fix.  There is no download path: the spec names the web sources, not a
-hub dataset with the same schema, so files only.
+overrides the essay file.  SQuAD and HotpotQA, when missing there and the Hub is reachable, are rebuilt
+once from their ``datasets`` mirrors under ``cache_dir/hub`` (hub.py); the essay corpus and the CWE word
+list have no Hub source.  A missing source raises one FileNotFoundError naming the file and the
+``benchmark.data_dir=...`` fix.
 
 Cache: ``cache_dir/<task>/<key>.jsonl`` (+ ``<key>.key.json`` with the readable key), key = sha256 of
 (tokenizer name + vocabulary size + chat-template hash, context length, task, seed, num_samples,
@@ -28,7 +29,7 @@ from .common import resolve_data_file
 from .tasks import ALL_TASKS, GENERATOR_VERSIONS, NIAH_TASKS
 
 
-def _niah(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path):
+def _niah(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path, hub_cache=None):
     from .niah import generate_niah_samples
 
     essay = None
@@ -38,28 +39,29 @@ def _niah(task, tokenizer, context_length, num_samples, seed, chat_template, dat
                                  chat_template=chat_template, essay_path=essay)
 
 
-def _vt(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path):
+def _vt(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path, hub_cache=None):
     from .variable_tracking import generate_vt_samples
 
     return generate_vt_samples(task, tokenizer, context_length, num_samples, seed, chat_template)
 
 
-def _cwe(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path):
+def _cwe(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path, hub_cache=None):
     from .common_words import generate_cwe_samples
 
     return generate_cwe_samples(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir)
 
 
-def _fwe(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path):
+def _fwe(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path, hub_cache=None):
     from .freq_words import generate_fwe_samples
 
     return generate_fwe_samples(task, tokenizer, context_length, num_samples, seed, chat_template)
 
 
-def _qa(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path):
+def _qa(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir, essay_path, hub_cache=None):
     from .qa import generate_qa_samples
 
-    return generate_qa_samples(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir)
+    return generate_qa_samples(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir,
+                               hub_cache=hub_cache)
 
 
 # family -> generator; tests monkeypatch this table to prove a cache hit does not regenerate.
@@ -81,7 +83,7 @@ def _sha256_file(path: str, mtime_ns: int, size: int) -> str:
     return h.hexdigest()
 
 
-def _source_fingerprints(task: str, data_dir, essay_path) -> dict:
+def _source_fingerprints(task: str, data_dir, essay_path, hub_cache=None) -> dict:
     """Content hashes of the external files a task reads (so a changed file never hits an old cache)."""
     cfg = ALL_TASKS[task]
     kinds = list(cfg["needs"])
@@ -90,7 +92,7 @@ def _source_fingerprints(task: str, data_dir, essay_path) -> dict:
     out = {}
     for kind in kinds:
         try:
-            p = resolve_data_file(kind, task, data_dir, essay_path if kind == "essay" else None)
+            p = resolve_data_file(kind, task, data_dir, essay_path if kind == "essay" else None, hub_cache)
         except FileNotFoundError:
             if kind == "english_words":
                 continue
@@ -115,7 +117,7 @@ def tokenizer_identity(tokenizer) -> dict:
 
 
 def cache_key(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir=None,
-              essay_path=None) -> tuple[str, dict]:
+              essay_path=None, hub_cache=None) -> tuple[str, dict]:
     """(hex key, the readable key dict)."""
     cfg = ALL_TASKS[task]
     key = {
@@ -126,7 +128,7 @@ def cache_key(task, tokenizer, context_length, num_samples, seed, chat_template,
         "num_samples": int(num_samples),
         "chat_template": bool(chat_template),
         "generator_version": GENERATOR_VERSIONS[cfg["family"]],
-        "sources": _source_fingerprints(task, data_dir, essay_path),
+        "sources": _source_fingerprints(task, data_dir, essay_path, hub_cache),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     return digest, key
@@ -169,9 +171,10 @@ def generate_samples(task: str, tokenizer, context_length: int, num_samples: int
         raise ValueError(f"context_length must be > 0 and num_samples >= 0, got {context_length}, {num_samples}")
     family = ALL_TASKS[task]["family"]
     path = None
+    hub_cache = Path(cache_dir) / "hub" if cache_dir is not None else None  # SQuAD/HotpotQA rebuilt from the Hub
     if cache_dir is not None:
         digest, key = cache_key(task, tokenizer, context_length, num_samples, seed, chat_template, data_dir,
-                                essay_path)
+                                essay_path, hub_cache)
         path = cache_path(cache_dir, task, digest)
         if path.is_file():
             with open(path, encoding="utf-8") as f:
@@ -179,7 +182,7 @@ def generate_samples(task: str, tokenizer, context_length: int, num_samples: int
             if len(samples) == num_samples:
                 return samples
     samples = GENERATORS[family](task, tokenizer, int(context_length), int(num_samples), int(seed),
-                                 bool(chat_template), data_dir, essay_path)
+                                 bool(chat_template), data_dir, essay_path, hub_cache=hub_cache)
     if path is not None:
         _atomic_write(path.with_suffix(".key.json"), json.dumps(key, indent=1, sort_keys=True) + "\n")
         _atomic_write(path, "".join(json.dumps(s, ensure_ascii=True) + "\n" for s in samples))

@@ -4,8 +4,9 @@
 Written from the specification; where it is silent, NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/qa.py``
 is followed ("upstream"): one ``random.Random(seed)`` stream draws the extra documents (probe and binary
 search use question 0, sample i uses question i), every document list is shuffled with a fresh
-``Random(seed)``.  Data are read from local files only (RULER's names ``squad.json`` / ``hotpotqa.json``
-in ``data_dir``).  Deliberate differences:
+``Random(seed)``.  Data are read from local files (RULER's names ``squad.json`` / ``hotpotqa.json`` in
+``data_dir``) or, when missing there and the Hub is reachable, rebuilt from their ``datasets`` mirrors (hub.py).
+Deliberate differences:
   * ValueError when more samples are asked than the file has (answerable) questions (upstream: IndexError);
   * ValueError instead of an endless loop when even one unit does not fit (pitfall 6).
 """
@@ -84,13 +85,13 @@ def load_qa(kind: str, path) -> tuple[list[dict], list[str]]:
 
 
 def generate_qa_samples(task: str, tokenizer, context_length: int, num_samples: int, seed: int = 42,
-                        chat_template: bool = True, data_dir=None, data_path=None) -> list[dict]:
+                        chat_template: bool = True, data_dir=None, data_path=None, hub_cache=None) -> list[dict]:
     """``num_samples`` QA samples sized to ``context_length`` tokens (same record fields as NIAH;
     ``num_haystack`` = documents).  ``data_path`` overrides ``data_dir/<squad|hotpotqa>.json``."""
     cfg = OTHER_TASKS[task]
     if cfg["family"] != "qa":
         raise ValueError(f"{task!r} is not a qa task")
-    path = resolve_data_file(cfg["dataset"], task, data_dir, data_path)
+    path = resolve_data_file(cfg["dataset"], task, data_dir, data_path, hub_cache)
     qas, docs = load_qa(cfg["dataset"], path)
     if num_samples > len(qas):
         raise ValueError(f"RULER {task}: {num_samples} samples asked but {path} has only {len(qas)} "
