@@ -141,6 +141,29 @@ def test_missing_data_without_data_dir_is_clear(monkeypatch, tmp_path):
         load_task("kv_retrieval", None)
 
 
+def test_hub_path_uses_the_explicit_features(monkeypatch):
+    """Online path: load_dataset(HF id, features=..., split=task) -> the same records as the local file."""
+    import datasets
+
+    from eval.infinitebench import data as D
+
+    tasks = ("passkey", "longbook_choice_eng", "kv_retrieval")
+    expected = {task: load_task(task, str(FIXTURES)) for task in tasks}
+    calls = []
+    real_load_dataset = datasets.load_dataset
+
+    def fake_load_dataset(repo, features=None, split=None, **kw):
+        calls.append((repo, split, features))
+        return real_load_dataset("json", data_files=str(FIXTURES / f"{split}.jsonl"), features=features,
+                                     split="train")
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    for task in tasks:
+        assert load_task(task, None) == expected[task]
+    assert [c[:2] for c in calls] == [(D.HF_DATASET_ID, t) for t in tasks]
+    assert all(c[2] == D.features() for c in calls)
+
+
 # ------------------------------------------------------------------------------------------------ prompts
 def _rec(task):
     return load_task(task, str(FIXTURES))[0]

@@ -182,6 +182,24 @@ def test_hub_offline_is_clear_file_not_found(monkeypatch, tmp_path):
     assert "THUDM/LongBench" in msg and "'hotpotqa'" in msg and "data_dir" in msg
 
 
+def test_hub_path_loads_the_config_test_split(monkeypatch):
+    """Online path: datasets.load_dataset("THUDM/LongBench", config, split="test") rows become the same records."""
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(repo, config=None, split=None):
+        calls.append((repo, config, split))
+        rows = [json.loads(line) for line in (FIX / f"{config}.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+        return datasets.Dataset.from_list(rows)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    for task, e in (("hotpotqa", False), ("trec", False), ("qasper", True)):
+        assert load_task(task, e=e, data_dir=None) == load_task(task, e=e, data_dir=str(FIX))
+    assert calls == [("THUDM/LongBench", "hotpotqa", "test"), ("THUDM/LongBench", "trec", "test"),
+                     ("THUDM/LongBench", "qasper_e", "test")]
+
+
 # ---------------------------------------------------------------- prompts and truncation
 
 def test_prompt_hotpotqa_verbatim():
