@@ -21,6 +21,11 @@ SELECTOR_CONFIGS = [
     ("locks", {"aggregation": "max"}),
     ("locks", {"budget_mode": "paper"}),
     ("locks", {"rank": 4, "page_size": 8}),
+    ("quest", {"dense_layers": 0}),
+    ("quest", {"dense_layers": 0, "gqa": "group"}),
+    ("quest", {"dense_layers": 0, "page_rule": "eval", "budget_mode": "paper"}),
+    ("rocketkv", {}),
+    ("rocketkv", {"budget_mode": "paper"}),
 ]
 
 
@@ -102,8 +107,10 @@ def test_oracle_coverage_bounds_every_selector(clustered, budget):
     prefill(oracle, keys, values, Hq, L)
     cov_oracle = coverage(oracle.select(q, keys, values), q, keys)
     for name, options in SELECTOR_CONFIGS:
-        if name == "fullkv" or options.get("budget_mode") == "paper" or "page_size" in options:
-            continue  # budget-free, or a different forced set / page size: not the same selection problem
+        if name not in ("oracle", "locks") or options.get("budget_mode") == "paper" or "page_size" in options:
+            # budget-free, a different forced set / page size, per-query-head sets (Quest) or token-granular
+            # selection (RocketKV): not the same selection problem as the page oracle's
+            continue
         s = build(name, budget, Hq, Hkv, **options)
         prefill(s, keys, values, Hq, L)
         sel = s.select(q, keys, values)
@@ -212,3 +219,46 @@ def test_bad_parameters_raise_one_line_errors(name, options, param):
     with pytest.raises(ConfigError) as err:
         build(name, budget, 4, 2, **options)
     assert param in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name,options", SELECTOR_CONFIGS)
+def test_shared_matrix_shapes_determinism_and_bytes(name, options):
+    """Every method: well-formed fixed-size selections, the same selection from a fresh instance, non-negative
+    accounting, and fewer bytes than FullKV at a small budget on a long context (except the Oracle, which reads
+    every key to score and claims no saving)."""
+    from locks.attention import attended_per_kv_head
+
+    B, Hq, Hkv, L, prompt, budget = 2, 4, 2, 1024, 1000, 128
+    keys, values = make_kv(B, Hkv, L, clustered=True, seed=11)
+    torch.manual_seed(0)
+    queries = torch.randn(L - prompt, B, Hq, D)
+
+    def run():
+        torch.manual_seed(1)
+        s = build(name, budget, Hq, Hkv, **options)
+        prefill(s, keys, values, Hq, prompt)
+        out = []
+        for t, length in enumerate(range(prompt + 1, L + 1)):
+            s.append(keys[:, :, :length], values[:, :, :length])
+            out.append((s.select(queries[t], keys[:, :, :length], values[:, :, :length]), length))
+        return out
+
+    first, second = run(), run()
+    for (sel, length), (again, _) in zip(first, second):
+        assert sel.dense == again.dense
+        full_bytes = 2.0 * length * D * 2 * Hkv
+        if sel.dense:
+            assert name == "fullkv"
+            continue
+        assert torch.equal(sel.indices, again.indices) and torch.equal(sel.valid, again.valid)
+        assert sel.indices.dtype == torch.int64 and sel.valid.shape == sel.indices.shape
+        assert sel.indices.shape[:2] == (B, Hkv) and sel.indices.shape[2] in (1, Hq // Hkv)
+        for row, ok in zip(sel.indices.reshape(-1, sel.indices.shape[-1]), sel.valid.reshape(-1, sel.valid.shape[-1])):
+            picked = row[ok]
+            assert len(picked) > 0 and int(picked.max()) < length and torch.equal(picked, picked.unique())
+        assert sel.metadata_bytes >= 0 and sel.h2d_bytes >= 0 and sel.forced_tokens >= 0
+        kv_bytes = sel.kv_bytes if sel.kv_bytes is not None else \
+            2.0 * float(attended_per_kv_head(sel, length).mean()) * D * 2 * Hkv
+        assert kv_bytes >= 0
+        if name != "oracle":
+            assert sel.metadata_bytes + kv_bytes < full_bytes, (name, options)

@@ -1,0 +1,265 @@
+"""RocketKV (ICML'25, `specs/rocketkv.md`): SnapKV++ permanent eviction at prefill + hybrid sparse decode attention.
+
+One traffic budget B drives both stages. `rocket_params` splits the compression c = S/B between them per sample
+(§3.1), S = min(prompt_len + max_new_tokens, max_length):
+  stage 1 (once per layer, after the dense prefill): the last `window` prompt queries score the prefix; the scores are
+  summed over the window and over the G query heads of each KV head, max-pooled (kernel `pool_kernel`), and per KV head
+  only the top (prompt_budget - window) prefix tokens plus the window survive; the rest are evicted for good
+  (`Selector.alive`; the harness never evicts physically, so survivors keep their RoPE phases and new tokens get
+  absolute positions);
+  stage 2 (every decode step) on the T' survivors of each KV head in compacted order (decode tokens appended, never
+  evicted): per-chunk (cs tokens) element-wise min/max keys, kept incrementally; the r_ch channels with the largest
+  sum_g |Q_{g,i}|; sign-selected bound s_{g,c} = sum_{i in I} Q_{g,i} (sigma_i > 0 ? Max_{c,i} : Min_{c,i}) with
+  sigma_i = sign(sum_g Q_{g,i}); softmax over the survivors of s / tau_g, tau_g = sqrt(d sum_I |Q_g| / sum |Q_g|);
+  sum over the group; exact top-k tokens, shared by the group (Gs = 1), attended with the full softmax.
+
+Budget semantics:
+  paper: `budget` is the paper's memory-traffic budget B (K+V of B dense tokens): k = B // 2 tokens are attended and
+         the approximation pass reads about as much as the other half.
+  fair (default): at most `budget` tokens are attended. The identical decomposition runs with a traffic budget of
+         2 * budget, so k = budget and every internal proportion (alpha, T, cs, r_ch) is the paper's for that traffic.
+Nothing is always attended at decode (forced_tokens = 0); the window survives stage 1 but competes in stage 2.
+Bytes (§3.6), per KV head summed over heads: metadata = s * r_ch * ceil(T'/cs) (the needed half of the min/max
+auxiliary keys, r_ch channels) + 4 * G * T' (the unfused fp32 approximate scores); K/V bytes from the k attended tokens.
+
+Deviations from the official code (NVlabs/RocketKV @ 63637c8):
+- Observation window: our harness prefills the whole prompt, so the window is the last `window` prompt tokens and ends
+  AT the prompt end. The accuracy harness feeds the last prompt token as the first decode step, so its window ends one
+  token earlier and that token is appended after stage 1 (never evicted) instead of being part of the window.
+- Auxiliary keys are kept incrementally (gpt-fast style) instead of being recomputed from K every step (accuracy path);
+  the values are identical (min/max are exact).
+- Scores in fp32 (official: fp16 accuracy path, bf16 gpt-fast). Group aggregation by sum (gpt-fast) instead of mean
+  (accuracy path): same ranking.
+- prompt_budget < window (the official code asserts): stage 1 keeps the window only. gpt-fast's last-prompt-token
+  off-by-one at LAST_PREFILL is not reproduced; `params=gpt_fast` changes only the decomposition.
+- When k >= T' every survivor is attended without the approximation pass (the official code scores and then selects
+  all of them anyway); that step reports no metadata bytes.
+- Batch rows share the decomposition (equal prompt lengths) but each row has its own stage-1 and stage-2 sets.
+- Not implemented: the multi-turn `rocket_mt` variant and skip_layers (official default 0: every layer is sparse).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from locks.selector import ConfigError, LayerInfo, Selection, Selector, register
+
+VARIANTS = ("accuracy", "gpt_fast")
+
+
+@dataclass(frozen=True)
+class RocketParams:
+    """The per-sample decomposition of a traffic budget B (spec §3.1)."""
+
+    S: int  # sequence length the sample is sized for: min(prompt + max_new, max_length)
+    B: int  # traffic budget (paper's token_budget)
+    c: float  # total compression max(1, S/B)
+    alpha: float  # share of log c given to stage 1
+    T: int  # capacity after stage 1 (prompt survivors + room for the outputs)
+    prompt_budget: int  # prompt tokens SnapKV++ keeps per KV head (window included)
+    k: int  # stage-2 exact top-k
+    c2: float  # stage-2 compression max(1, T/B)
+    cs: int  # chunk size of the auxiliary min/max keys
+    r_ch: int  # head-dim channels of the approximation
+
+
+def rocket_params(S: int, B: int, max_new: int, d: int, variant: str = "accuracy", alpha: float | None = None) -> RocketParams:
+    """accuracy: infllm_utils.py compress() L136-158 + rocket.py L218-219, L247; gpt_fast: get_params_for_token_budget.
+
+    `alpha` fixes the stage split (the rocket_r0.x ablations) instead of min(0.2 + 0.06 log2 c, 0.8).
+    """
+    if variant == "accuracy":
+        c = max(1.0, float(S) / B)
+        a = min(0.2 + math.log2(c) * 0.06, 0.8) if alpha is None else float(alpha)
+        T = int(float(S) / (c**a))
+        T = max(T, min(2 * max_new, S))
+        prompt_budget = T - max_new
+        k = int(B // 2)
+        c2 = max(1.0, float(T) / B)
+        cs = math.ceil(math.sqrt(c2))
+        cs = cs if cs <= c2 else 1
+        r_ch = int(d * cs / c2)
+        return RocketParams(S, B, c, a, T, prompt_budget, k, c2, cs, r_ch)
+    if variant == "gpt_fast":
+        b = min(S, B)
+        c = max(1.0, float(S) / b)
+        a = min(0.2 + math.log2(c) * 0.06, 0.8) if alpha is None else float(alpha)
+        T = int(float(S) / (c**a))
+        prompt_budget = min(S - max_new, T - max_new)
+        k = min(round(b / 2), T)
+        c2 = max(1.0, float(T) / b)
+        cs = min(math.floor(c2), math.ceil(math.sqrt(c2)))
+        r_ch = min(d, max(1, round(d * cs / c2)))
+        return RocketParams(S, B, c, a, T, prompt_budget, k, c2, cs, r_ch)
+    raise ConfigError(f"method.params must be one of {VARIANTS} (got {variant!r})")
+
+
+def snapkv_scores(queries: Tensor, keys: Tensor, window: int, pool_kernel: int, scaling: float) -> Tensor:
+    """Pooled SnapKV++ scores of the prefix [B, Hkv, L - window] (queries [B, Hq, w_q, d] = the window's queries).
+
+    P_{g,i,j} = softmax_j(scaling q_{g,i} . k_j) causally (window query i sits at position L - window + i);
+    score_j = maxpool_{|j'-j| <= kernel//2} sum_{g in group} sum_i P_{g,i,j'} over prefix columns j' < L - window.
+    """
+    B, Hkv, L, d = keys.shape
+    G = queries.shape[1] // Hkv
+    w = window
+    prefix = L - w
+    allowed = torch.arange(w, device=keys.device)[:, None] + prefix >= torch.arange(L, device=keys.device)[None, :]
+    out = keys.new_empty(B, Hkv, prefix, dtype=torch.float32)
+    for h in range(Hkv):  # one KV head at a time: the [B, G, w, L] fp32 scores stay small at long contexts
+        q = queries[:, h * G : (h + 1) * G].float()
+        logits = torch.einsum("bgid,bld->bgil", q, keys[:, h].float()) * scaling
+        p = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+        out[:, h] = p[..., :prefix].sum(dim=(1, 2))
+    return F.max_pool1d(out, kernel_size=pool_kernel, stride=1, padding=pool_kernel // 2)
+
+
+def approx_scores(q: Tensor, kmin: Tensor, kmax: Tensor, r_ch: int) -> tuple[Tensor, Tensor]:
+    """Stage-2 chunk scores before the temperature: q [B, Hkv, G, d], kmin/kmax [B, Hkv, C, d] (fp32).
+
+    Returns (s_hat [B, Hkv, G, C], tau [B, Hkv, G, 1]) with I = top-r_ch of sum_g |q_{g,i}|, sigma = sign(sum_g q),
+    s_hat_{g,c} = sum_{i in I} q_{g,i} (sigma_i > 0 ? kmax_{c,i} : kmin_{c,i}), tau_g = sqrt(d sum_I |q_g| / sum |q_g|).
+    """
+    d = q.shape[-1]
+    absq = q.abs()
+    chan = absq.sum(dim=2).topk(r_ch, dim=-1).indices  # [B, Hkv, r]
+    positive = q.sum(dim=2).gather(-1, chan) > 0  # sum 0 -> min (as both official paths)
+    C = kmin.shape[2]
+    idx = chan[:, :, None, :].expand(-1, -1, C, -1)
+    bound = torch.where(positive[:, :, None, :], kmax.gather(-1, idx), kmin.gather(-1, idx))  # [B, Hkv, C, r]
+    q_sel = q.gather(-1, chan[:, :, None, :].expand(-1, -1, q.shape[2], -1))  # [B, Hkv, G, r]
+    s_hat = torch.einsum("bhgr,bhcr->bhgc", q_sel, bound)
+    tiny = torch.finfo(torch.float32).tiny  # an all-zero query would give 0/0 (the official code returns NaN)
+    tau = torch.sqrt(d * q_sel.abs().sum(-1, keepdim=True) / absq.sum(-1, keepdim=True).clamp_min(tiny)).clamp_min(tiny)
+    return s_hat, tau
+
+
+@register
+class RocketKVSelector(Selector):
+    name = "rocketkv"
+
+    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", params: str = "accuracy",
+                 alpha: float | None = None, window: int = 32, pool_kernel: int = 63):
+        super().__init__(info, budget, budget_mode)
+        if params not in VARIANTS:
+            raise ConfigError(f"method.params must be one of {VARIANTS} (got {params!r})")
+        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1):
+            raise ConfigError(f"method.alpha must be null or a number in [0, 1] (got {alpha!r})")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConfigError(f"method.window must be a positive integer (got {window!r})")
+        if isinstance(pool_kernel, bool) or not isinstance(pool_kernel, int) or pool_kernel < 1 or pool_kernel % 2 == 0:
+            raise ConfigError(f"method.pool_kernel must be an odd positive integer (got {pool_kernel!r})")
+        if budget_mode == "paper" and budget < 2:
+            raise ConfigError(f"budget must be >= 2 in budget_mode=paper (k = budget // 2 tokens are attended; got {budget})")
+        self.variant = params
+        self.alpha = None if alpha is None else float(alpha)
+        self.window = window
+        self.pool_kernel = pool_kernel
+        # fair: attend at most `budget` tokens = the paper's decomposition of a traffic budget 2 * budget
+        self.traffic_budget = 2 * self.budget if budget_mode == "fair" else self.budget
+        self.params: RocketParams | None = None
+        self.prompt_len = 0
+        self.kept = 0  # prompt tokens surviving stage 1 per KV head
+        self.n = 0  # T': survivors + decode tokens per KV head
+        self.seen = 0  # cache length already folded into the state
+        self.index: Tensor | None = None  # [B, Hkv, cap] cache index of each compacted position
+        self.kmin: Tensor | None = None  # [B, Hkv, capC, d] per-chunk element-wise min (cache dtype: min/max are exact)
+        self.kmax: Tensor | None = None
+
+    def prefill(self, ctx) -> None:
+        keys, queries = ctx.keys, ctx.queries
+        B, Hkv, L, d = keys.shape
+        max_new = int(ctx.max_new_tokens or 0)
+        S = L + max_new if ctx.max_length is None else min(L + max_new, int(ctx.max_length))
+        p = rocket_params(S, self.traffic_budget, max_new, d, self.variant, self.alpha)
+        self.params, self.prompt_len = p, L
+        w = min(self.window, L)
+        keep = max(p.prompt_budget, w)
+        device = keys.device
+        if L > keep:
+            scores = snapkv_scores(queries[:, :, -w:], keys, w, self.pool_kernel, self.info.scaling)
+            top = scores.topk(keep - w, dim=-1).indices.sort(dim=-1).values
+            kept = torch.cat([top, torch.arange(L - w, L, device=device).expand(B, Hkv, w)], dim=-1)
+            self.alive = torch.zeros(B, Hkv, L, dtype=torch.bool, device=device)
+            self.alive.scatter_(2, kept, True)
+        else:
+            kept = torch.arange(L, device=device).expand(B, Hkv, L)
+            self.alive = None
+        self.kept = self.n = kept.shape[-1]
+        self.seen = L
+        cap = self.n + max(max_new, 16)
+        self.index = kept.new_zeros(B, Hkv, cap)
+        self.index[:, :, : self.n] = kept
+        cs = p.cs
+        chunks = -(-self.n // cs)
+        k = keys.gather(2, kept[..., None].expand(-1, -1, -1, d))
+        pad = chunks * cs - self.n  # a trailing partial chunk covers its existing tokens only
+        kmin = torch.cat([k, k.new_full((B, Hkv, pad, d), float("inf"))], 2).view(B, Hkv, chunks, cs, d).amin(3)
+        kmax = torch.cat([k, k.new_full((B, Hkv, pad, d), float("-inf"))], 2).view(B, Hkv, chunks, cs, d).amax(3)
+        cap_c = -(-cap // cs)
+        self.kmin, self.kmax = k.new_empty(B, Hkv, cap_c, d), k.new_empty(B, Hkv, cap_c, d)
+        self.kmin[:, :, :chunks], self.kmax[:, :, :chunks] = kmin, kmax
+
+    def _grow(self) -> None:
+        cap = 2 * self.index.shape[-1]
+        index = self.index.new_zeros(*self.index.shape[:2], cap)
+        index[:, :, : self.n] = self.index[:, :, : self.n]
+        self.index = index
+        cap_c = -(-cap // self.params.cs)
+        for name in ("kmin", "kmax"):
+            old = getattr(self, name)
+            buf = old.new_empty(old.shape[0], old.shape[1], cap_c, old.shape[3])
+            buf[:, :, : old.shape[2]] = old
+            setattr(self, name, buf)
+
+    def append(self, keys: Tensor, values: Tensor) -> None:
+        if self.params is None:
+            raise ConfigError("rocketkv: append() before prefill(); the selector sizes its stages at prefill")
+        cs = self.params.cs
+        for pos in range(self.seen, keys.shape[2]):  # decode tokens are appended to every KV head, never evicted
+            if self.n == self.index.shape[-1]:
+                self._grow()
+            key = keys[:, :, pos]
+            c, offset = divmod(self.n, cs)
+            if offset == 0:
+                self.kmin[:, :, c] = key
+                self.kmax[:, :, c] = key
+            else:
+                self.kmin[:, :, c] = torch.minimum(self.kmin[:, :, c], key)
+                self.kmax[:, :, c] = torch.maximum(self.kmax[:, :, c], key)
+            self.index[:, :, self.n] = pos
+            self.n += 1
+        self.seen = max(self.seen, keys.shape[2])
+
+    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
+        if self.params is None:
+            raise ConfigError("rocketkv: select() before prefill(); the selector sizes its stages at prefill")
+        p, n = self.params, self.n
+        k = max(1, min(p.k, n))  # gpt_fast's round(b/2) is 0 for a 1-token sequence
+        if k >= n:  # every survivor fits: attended exactly (the harness restricts a dense selection to `alive`)
+            return Selection.all_tokens()
+        B, Hq, d = query.shape
+        Hkv = keys.shape[1]
+        G = Hq // Hkv
+        chunks = -(-n // p.cs)
+        q = query.float().view(B, Hkv, G, d)
+        s_hat, tau = approx_scores(q, self.kmin[:, :, :chunks].float(), self.kmax[:, :, :chunks].float(), p.r_ch)
+        s_tok = s_hat.repeat_interleave(p.cs, dim=-1)[..., :n]  # every token of a chunk gets the chunk's score
+        agg = torch.softmax(s_tok / tau, dim=-1).sum(dim=2)  # [B, Hkv, T']
+        top = agg.topk(k, dim=-1).indices
+        idx = self.index[:, :, :n].gather(-1, top).sort(dim=-1).values
+        s = self.info.kv_element_bytes
+        metadata = Hkv * (s * p.r_ch * chunks + 4 * G * n)
+        return Selection(indices=idx.unsqueeze(2), valid=torch.ones(B, Hkv, 1, k, dtype=torch.bool, device=idx.device),
+                         forced_tokens=0.0, metadata_bytes=float(metadata))
+
+    def extra_metrics(self) -> dict:
+        if self.params is None:
+            return {}
+        p = self.params
+        return {"alpha": p.alpha, "prompt_budget": float(p.prompt_budget), "cs": float(p.cs), "r_ch": float(p.r_ch),
+                "kept_fraction": self.kept / self.prompt_len if self.prompt_len else 1.0}
