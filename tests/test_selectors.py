@@ -26,6 +26,8 @@ SELECTOR_CONFIGS = [
     ("quest", {"dense_layers": 0, "page_rule": "eval", "budget_mode": "paper"}),
     ("rocketkv", {}),
     ("rocketkv", {"budget_mode": "paper"}),
+    ("shadowkv", {}),
+    ("shadowkv", {"budget_mode": "paper", "outlier_chunks": 2}),
 ]
 
 

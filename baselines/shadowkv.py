@@ -1,0 +1,315 @@
+"""ShadowKV (ICML'25, `specs/shadowkv.md`): low-rank pre-RoPE keys, offloaded values, chunk-mean landmarks.
+
+Prefill (once per layer, prompt of Lp tokens, chunk size C, per batch row):
+  * thin SVD in fp32 of the pre-RoPE keys reshaped [Lp, Hkv*d]:  K_pre = U S V^T.  Stored: U[:, :r] [Lp, r], shared
+    by all KV heads, and S_r V_r^T split per head [Hkv, r, d], both in the keys' dtype (bf16 in the official code).
+    Effective rank r = min(rank, Hkv*d, Lp): the scale-down rule for small models (the tiny test Llama has
+    Hkv*d = 32 < 160, so it runs at full rank; SmolLM2-135M has 3*64 = 192 >= 160). Reported as `effective_rank`.
+  * local window: chunks = Lp//C - local_chunks (rounded down to a multiple of 8 with align_chunks_to_8, the CPU
+    class); the trailing W = Lp - chunks*C prompt tokens are attended exactly.
+  * landmarks: per KV head the mean of each chunk of C post-RoPE keys.
+  * outliers: per KV head the O chunks with the lowest  min_{i in chunk} cos(k_i, landmark)  are attended exactly
+    and removed from the candidates.
+  * values of the `chunks*C` non-local prompt tokens go to a host store [B, Hkv, chunks, C*d] (pinned when CUDA
+    exists; offload_values=true), and, as in the CPU class (kv_cache.py L590-603), one selection is made with the
+    last prompt query to fill the device buffer, so the first decode step already measures hits against it.
+
+Decode step (query q_g of head g in the group of KV head h, candidate chunk c):
+    a_{g,c} = softmax_c(q_g . landmark_{h,c} * scale),  score_{h,c} = max_g a_{g,c}          (fp32)
+with scale = 1/sqrt(128) (landmark_scale=official, the hard-coded constant) or 1/sqrt(d) (head_dim); the top n_sel
+chunks per KV head are selected (Gs = 1: one set per KV head). Their keys are rebuilt, K_pre[p] = U[p] (S V_h), and
+rotated at their original positions with `ctx.rotate` (identity when the context has none: then `pre_rope_keys()`
+returns the cached keys). Local, outlier and generated keys (every token appended after the prefill, the current one
+included) and all values are exact. The Selection carries the full K/V rows: exact rows for the forced parts,
+reconstructed keys for the selected chunks, values served from the device buffer (hits: chunks selected at the
+previous step) or copied host->device (misses only).
+
+Budget (`specs/budgets.md`):
+  * paper: n_sel = budget // C chunks; W + C*O + g outside the budget (budget % C != 0 -> ConfigError, the official
+    assert). O = outlier_chunks (48, the accuracy class) or (budget//1024)*24 with outlier_chunks=auto (CPU class).
+  * fair: W + C*O + g + C*n_sel <= budget with O = min(outlier_chunks, (budget//1024)*24) (the CPU class rule capped
+    by the configured count) and n_sel = (budget - W - C*O - g) // C. When W + g alone exceed budget - C*O, only
+    the most recent budget - C*O tokens of the local+generated tail are attended (and n_sel = 0): the budget then
+    drops the oldest local/generated tokens instead of the official code's silent drop of new tokens past its
+    buffer headroom (spec 2.1 item 7). budget < W + C*O -> ConfigError at prefill, naming the minimum.
+  In both modes n_sel >= #candidates selects every candidate, and O is capped at the number of chunks.
+
+Bytes per step (spec 2.5, accuracy-class formula with the measured hits; per KV head, summed, batch mean; s =
+kv_element_bytes, misses = reconstructed tokens (all selected tokens with offload_values=false)):
+    metadata = s*d*(#candidates) + 4*G*(#candidates)     (landmark read + scores; only when top-k scoring runs)
+             + s*misses*r + s*d*r                          (U-row gather + S V_h; only when something is rebuilt)
+    kv       = 2*d*s*(tail + C*O + C*n_sel) + s*misses*d   (attention read + write of the rebuilt keys)
+    h2d      = s*d*misses                                  (value misses over PCIe; 0 with offload_values=false)
+The landmark read counts the landmarks actually stored, chunks - O (spec: L/C - O, which also counts the local
+window that has no landmark). Hit moves inside the device buffer are not counted (hits are reused in place).
+
+Deviations from the official code (bytedance/ShadowKV @ a21f5a9):
+  * prefill is the harness's explicit phase flag, not `q_len > 4096` (ShadowKV#8): a prompt of any length is
+    compressed, and a decode step is never mistaken for a prefill.
+  * scores stay fp32 through softmax, max and top-k (the accuracy class casts the softmax to bf16 before them).
+  * the key reconstruction U[p] (S V_h) accumulates in fp32 before the cast to the keys' dtype (official: bf16 GEMM).
+  * one decode path for both classes: offload_values only decides where values come from (host store + temporal
+    buffer, or the device cache); selection and keys are identical, so spec 2.6 item 9 holds by construction.
+  * the host store holds the values of all non-local chunks (like the CPU class, [Hkv, L/C, C*d]); outlier chunks
+    are never fetched from it.
+  * small prompts: O is capped at the number of chunks and top-k at the number of candidates (the official code
+    asserts instead); the fair-mode tail cap above replaces the fixed buffer headroom.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from locks.selector import ConfigError, LayerInfo, PrefillContext, Selection, Selector, register
+
+LANDMARK_SCALES = ("official", "head_dim")
+
+
+def _take(x: Tensor, idx: Tensor) -> Tensor:
+    """x [B, H, L, d], idx [B, H, n] -> [B, H, n, d]."""
+    return torch.gather(x, 2, idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]))
+
+
+@register
+class ShadowKVSelector(Selector):
+    name = "shadowkv"
+
+    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 160, chunk_size: int = 8,
+                 local_chunks: int = 4, outlier_chunks: int | str = 48, align_chunks_to_8: bool = False,
+                 landmark_scale: str = "official", offload_values: bool = True):
+        super().__init__(info, budget, budget_mode)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ConfigError(f"method.rank must be a positive integer (got {rank!r})")
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ConfigError(f"method.chunk_size must be a positive integer (got {chunk_size!r})")
+        if isinstance(local_chunks, bool) or not isinstance(local_chunks, int) or local_chunks < 0:
+            raise ConfigError(f"method.local_chunks must be an integer >= 0 (got {local_chunks!r})")
+        if outlier_chunks != "auto" and (isinstance(outlier_chunks, bool) or not isinstance(outlier_chunks, int)
+                                         or outlier_chunks < 0):
+            raise ConfigError(f"method.outlier_chunks must be an integer >= 0 or 'auto' (got {outlier_chunks!r})")
+        if not isinstance(align_chunks_to_8, bool):
+            raise ConfigError(f"method.align_chunks_to_8 must be true or false (got {align_chunks_to_8!r})")
+        if landmark_scale not in LANDMARK_SCALES:
+            raise ConfigError(f"method.landmark_scale must be one of {LANDMARK_SCALES} (got {landmark_scale!r})")
+        if not isinstance(offload_values, bool):
+            raise ConfigError(f"method.offload_values must be true or false (got {offload_values!r})")
+        if budget_mode == "paper" and self.budget % chunk_size:
+            raise ConfigError(f"budget must be a multiple of method.chunk_size={chunk_size} in budget_mode=paper "
+                              f"(got {self.budget})")
+        self.rank = rank
+        self.chunk_size = chunk_size
+        self.local_chunks = local_chunks
+        self.outlier_option = outlier_chunks
+        self.align_chunks_to_8 = align_chunks_to_8
+        self.landmark_scale = landmark_scale
+        self.offload_values = offload_values
+        self.scale = 1.0 / math.sqrt(128) if landmark_scale == "official" else 1.0 / math.sqrt(info.head_dim)
+        self.prompt_len = 0
+        self.hit_rates: list[float] = []
+
+    # ------------------------------------------------------------------ prefill
+
+    def outlier_count(self) -> int:
+        """O before the cap at the number of chunks (see the module docstring)."""
+        rule = (self.budget // 1024) * 24  # CPU class, kv_cache.py L398
+        configured = rule if self.outlier_option == "auto" else self.outlier_option
+        return configured if self.budget_mode == "paper" else min(configured, rule)
+
+    def prefill(self, ctx: PrefillContext) -> None:
+        keys, values = ctx.keys, ctx.values
+        B, H, Lp, d = keys.shape
+        C = self.chunk_size
+        self.prompt_len, self.device, self.dtype = Lp, keys.device, keys.dtype
+        self.positions = ctx.positions.expand(B, Lp)
+        self.rotate = ctx.rotate
+
+        chunks = max(Lp // C - self.local_chunks, 0)
+        if self.align_chunks_to_8:
+            chunks = chunks // 8 * 8
+        self.num_chunks = chunks
+        self.window = Lp - chunks * C
+        self.outliers = min(self.outlier_count(), chunks)
+        if self.budget_mode == "fair" and self.budget < self.window + C * self.outliers:
+            raise ConfigError(f"budget={self.budget} is below ShadowKV's always-attended local window + outlier chunks "
+                              f"({self.window} + {C * self.outliers} tokens for this prompt): use budget >= "
+                              f"{self.window + C * self.outliers} or method.budget_mode=paper")
+
+        # Low-rank pre-RoPE keys: [Lp, Hkv*d] = U S V^T, fp32 thin SVD; keep U[:, :r] and (S V^T)_r per head.
+        pre = ctx.pre_rope_keys().transpose(1, 2).reshape(B, Lp, H * d).float()
+        self.r = min(self.rank, H * d, Lp)
+        U, S, Vh = torch.linalg.svd(pre, full_matrices=False)
+        self.U = U[:, :, : self.r].to(self.dtype).contiguous()  # [B, Lp, r]
+        sv = S[:, : self.r, None] * Vh[:, : self.r]  # [B, r, Hkv*d]
+        self.SV = sv.view(B, self.r, H, d).permute(0, 2, 1, 3).to(self.dtype).contiguous()  # [B, Hkv, r, d]
+
+        # Landmarks = chunk means of post-RoPE keys; outlier score = min over the chunk of cos(k_i, landmark).
+        k = keys[:, :, : chunks * C].float().view(B, H, chunks, C, d)
+        means = k.mean(dim=3)  # [B, H, chunks, d]
+        unit = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+        unit_mean = means / means.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+        min_cos = (unit * unit_mean.unsqueeze(3)).sum(-1).amin(dim=-1)  # [B, H, chunks]
+        O = self.outliers
+        outl = torch.topk(min_cos, O, dim=-1, largest=False).indices.sort(dim=-1).values  # lowest O
+        is_outlier = torch.zeros(B, H, chunks, dtype=torch.bool, device=keys.device)
+        is_outlier.scatter_(2, outl, True)
+        # candidates in ascending chunk order (stable sort keeps the order among non-outliers)
+        self.candidates = torch.argsort(is_outlier.to(torch.int8), dim=-1, stable=True)[..., : chunks - O]
+        self.outlier_chunks = outl
+        self.landmarks = _take(means, self.candidates).to(self.dtype)  # [B, H, chunks - O, d] (k_landmark)
+        self.outlier_tokens = self._tokens(outl)
+
+        self.hit_rates = []
+        self.prefill_h2d_bytes = 0.0
+        self.buf_chunks = keys.new_zeros(B, H, 0, dtype=torch.long)
+        if self.offload_values:
+            host = values[:, :, : chunks * C].reshape(B, H, chunks, C * d).to("cpu", copy=True)
+            self.host_values = host.pin_memory() if torch.cuda.is_available() else host
+            self.buf_k = keys.new_zeros(B, H, 0, C, d)
+            self.buf_v = values.new_zeros(B, H, 0, C, d)
+        # CPU class: one selection with the last prompt query at prefill (sized for the first decode step, g = 1).
+        _, n_sel = self._plan(1)
+        chosen = self._choose(ctx.queries[:, :, -1], n_sel)
+        if self.offload_values:
+            self._fetch(chosen, values)
+            self.prefill_h2d_bytes = float(chosen.shape[-1] * C * d * self.info.kv_element_bytes * H)
+        self.buf_chunks = chosen
+
+    def _tokens(self, chunk_ids: Tensor) -> Tensor:
+        """[B, H, m] chunk ids -> [B, H, m*C] token indices."""
+        C = self.chunk_size
+        return (chunk_ids.unsqueeze(-1) * C + torch.arange(C, device=chunk_ids.device)).flatten(-2)
+
+    # ------------------------------------------------------------------ decode
+
+    def _plan(self, generated: int) -> tuple[int, int]:
+        """-> (first token of the exact local+generated tail, n_sel) for a step with `generated` tokens after Lp."""
+        C, W, ncand = self.chunk_size, self.window, self.candidates.shape[-1]
+        start = self.prompt_len - W
+        if self.budget_mode == "paper":
+            return start, min(self.budget // C, ncand)
+        room = self.budget - C * self.outliers
+        if W + generated > room:  # keep only the most recent `room` tokens of the tail
+            return self.prompt_len + generated - room, 0
+        return start, min((room - W - generated) // C, ncand)
+
+    def _choose(self, query: Tensor, n_sel: int) -> Tensor:
+        """-> [B, Hkv, n_sel] selected chunk ids, ascending."""
+        B, Hq, d = query.shape
+        H, ncand = self.candidates.shape[1], self.candidates.shape[-1]
+        if n_sel >= ncand:
+            return self.candidates
+        q = query.view(B, H, Hq // H, d).float()
+        logits = torch.einsum("bhgd,bhcd->bhgc", q, self.landmarks.float()) * self.scale
+        score = torch.softmax(logits, dim=-1).amax(dim=2)  # softmax per query head, max over the group
+        top = torch.topk(score, n_sel, dim=-1).indices
+        return torch.gather(self.candidates, 2, top).sort(dim=-1).values  # through k_landmark_idx
+
+    def _reconstruct(self, chunk_ids: Tensor) -> Tensor:
+        """[B, H, m] chunk ids -> post-RoPE keys [B, H, m, C, d]:  RoPE(U[p] (S V_h), pos(p))."""
+        B, H, m = chunk_ids.shape
+        C, d, r = self.chunk_size, self.SV.shape[-1], self.r
+        tok = self._tokens(chunk_ids)  # [B, H, m*C]
+        u = _take(self.U.unsqueeze(1).expand(B, H, self.prompt_len, r), tok)  # U-row gather [B, H, m*C, r]
+        pre = torch.matmul(u.float(), self.SV.float()).to(self.dtype)  # [B, H, m*C, d]
+        if self.rotate is None:
+            return pre.view(B, H, m, C, d)
+        pos = torch.gather(self.positions.unsqueeze(1).expand(B, H, self.prompt_len), 2, tok)
+        post = self.rotate(pre.reshape(B * H, 1, m * C, d), pos.reshape(B * H, m * C))
+        return post.reshape(B, H, m, C, d)
+
+    def _fetch(self, chosen: Tensor, values: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Temporal cache: hits from the device buffer, misses rebuilt (keys) / copied host->device (values).
+
+        -> (keys [B, H, n, C, d], values [B, H, n, C, d], hit [B, H, n] bool); the buffer becomes this selection.
+        """
+        B, H, n = chosen.shape
+        C, d = self.chunk_size, values.shape[-1]
+        prev = self.buf_chunks
+        if prev.shape[-1] and n:
+            eq = chosen.unsqueeze(-1) == prev.unsqueeze(-2)  # [B, H, n, m]
+            hit = eq.any(-1)
+            src = eq.int().argmax(-1)[..., None, None].expand(B, H, n, C, d)
+            k_hit, v_hit = torch.gather(self.buf_k, 2, src), torch.gather(self.buf_v, 2, src)
+        else:
+            hit = torch.zeros(B, H, n, dtype=torch.bool, device=chosen.device)
+            k_hit = v_hit = None
+        miss = ~hit
+        new_k = values.new_zeros(B, H, n, C, d, dtype=self.dtype)
+        max_miss = int(miss.sum(-1).max()) if n else 0
+        if max_miss:
+            # misses first (as reorder_keys_and_compute_offsets does); only the first max_miss slots are rebuilt
+            order = torch.argsort(hit.to(torch.int8), dim=-1, stable=True)[..., :max_miss]
+            rec = self._reconstruct(torch.gather(chosen, 2, order))
+            new_k.scatter_(2, order[..., None, None].expand(B, H, max_miss, C, d), rec)
+        new_v = values.new_zeros(B, H, n, C, d)
+        bi, hi, ji = miss.nonzero(as_tuple=True)
+        if len(bi):
+            lin = ((bi * H + hi) * self.num_chunks + chosen[bi, hi, ji]).cpu()
+            rows = self.host_values.view(-1, C * d).index_select(0, lin)  # host-side gather of the missed chunks
+            new_v[bi, hi, ji] = rows.to(values.device, non_blocking=True).view(-1, C, d)  # H2D: misses only
+        if k_hit is not None:
+            new_k = torch.where(hit[..., None, None], k_hit, new_k)
+            new_v = torch.where(hit[..., None, None], v_hit, new_v)
+        self.buf_chunks, self.buf_k, self.buf_v = chosen, new_k, new_v
+        return new_k, new_v, hit
+
+    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
+        B, H, L, d = keys.shape
+        C, G, s = self.chunk_size, self.info.group_size, self.info.kv_element_bytes
+        ncand, O = self.candidates.shape[-1], self.outliers
+        start, n_sel = self._plan(L - self.prompt_len)
+        chosen = self._choose(query, n_sel)
+
+        prev = self.buf_chunks
+        if n_sel:
+            overlap = (chosen.unsqueeze(-1) == prev.unsqueeze(-2)).any(-1)  # |S_t ∩ S_{t-1}| per chunk
+            self.hit_rates.append(float(overlap.float().mean()))
+        if self.offload_values:
+            k_sel, v_sel, hit = self._fetch(chosen, values)
+            misses = (~hit).sum(-1).float() * C  # [B, H] rebuilt / fetched tokens
+        else:
+            self.buf_chunks = chosen
+            k_sel = self._reconstruct(chosen)
+            v_sel = _take(values, self._tokens(chosen)).view(B, H, n_sel, C, d)
+            misses = torch.full((B, H), float(n_sel * C), device=keys.device)
+
+        tail = torch.arange(start, L, device=keys.device).expand(B, H, L - start)
+        idx = torch.cat([self.outlier_tokens, self._tokens(chosen), tail], dim=-1)
+        k = torch.cat([_take(keys, self.outlier_tokens), k_sel.view(B, H, -1, d), keys[:, :, start:]], dim=2)
+        v = torch.cat([_take(values, self.outlier_tokens), v_sel.view(B, H, -1, d), values[:, :, start:]], dim=2)
+        idx, order = idx.sort(dim=-1, stable=True)
+        k, v = _take(k, order), _take(v, order)
+        valid = torch.ones_like(idx, dtype=torch.bool)
+        if self.budget_mode == "fair":  # fixed size min(budget, L): pad with token 0, masked out
+            pad = min(self.budget, L) - idx.shape[-1]
+            if pad > 0:
+                idx = torch.cat([idx, idx.new_zeros(B, H, pad)], -1)
+                valid = torch.cat([valid, valid.new_zeros(B, H, pad)], -1)
+                k = torch.cat([k, k.new_zeros(B, H, pad, d)], 2)
+                v = torch.cat([v, v.new_zeros(B, H, pad, d)], 2)
+
+        forced = (L - start) + C * O
+        metadata = 0.0
+        if 0 < n_sel < ncand:
+            metadata += H * (s * d * ncand + 4 * G * ncand)
+        rebuilt = misses.sum(-1)  # [B] summed over KV heads
+        heads_rebuilding = (misses > 0).sum(-1).float()
+        metadata += float((s * self.r * rebuilt + s * d * self.r * heads_rebuilding).mean())
+        kv = 2.0 * d * s * H * (forced + C * n_sel) + float((s * d * rebuilt).mean())
+        h2d = float((s * d * rebuilt).mean()) if self.offload_values else 0.0
+        return Selection(indices=idx.unsqueeze(2), valid=valid.unsqueeze(2), keys=k.unsqueeze(2),
+                         values=v.unsqueeze(2), forced_tokens=float(forced), metadata_bytes=metadata,
+                         kv_bytes=kv, h2d_bytes=h2d)
+
+    def extra_metrics(self) -> dict:
+        if not self.prompt_len:
+            return {}
+        return {
+            "chunk_hit_rate": sum(self.hit_rates) / len(self.hit_rates) if self.hit_rates else None,
+            "effective_rank": float(self.r),
+            "outlier_chunks": float(self.outliers),
+            "local_window": float(self.window),
+            "prefill_h2d_bytes": self.prefill_h2d_bytes,
+        }
