@@ -5,6 +5,7 @@ from locks.selector import Selection, Selector, register
 @register
 class FullKVSelector(Selector):
     name = "fullkv"
+    uses_budget = False
 
     def select(self, query, keys, values) -> Selection:
         return Selection.all_tokens()

@@ -25,7 +25,8 @@ def run_key(config: dict) -> str:
 
 def run_dir_name(config: dict) -> str:
     m, b = config["method"], config["benchmark"]
-    return f"{b['name']}_{config['model']['name']}_{m['name']}_b{m['budget']}_{run_key(config)[:10]}"
+    budget = "full" if m["budget"] is None else f"b{m['budget']}"
+    return f"{b['name']}_{config['model']['name']}_{m['name']}_{budget}_{run_key(config)[:10]}"
 
 
 def read_predictions(path: Path) -> list[dict]:

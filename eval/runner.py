@@ -39,6 +39,9 @@ def run_benchmark(config: dict, cfg) -> dict:
     method = method_spec(config["method"])
     # Validate the method's parameters before any expensive work (every layer takes the same arguments).
     method.build(LayerInfo(0, 1, 1, 64, 0.125))
+    if not method.selector_class().uses_budget:
+        # FullKV: the budget changes nothing, so it is left out of the run key and one run serves a whole sweep
+        config = {**config, "budget": None, "method": {**config["method"], "budget": None}}
     benchmark = build_benchmark(cfg.benchmark)
     key = run_key(config)
     out_dir = Path(config["paths"]["runs_dir"]) / run_dir_name(config)
@@ -68,7 +71,7 @@ def run_benchmark(config: dict, cfg) -> dict:
         metrics.update(
             run_key=key, method=config["method"], model=loaded.name, device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
-            budget=int(config["method"]["budget"]), budget_mode=config["method"].get("budget_mode"),
+            budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
             benchmark=benchmark.run_record(loaded.tokenizer), attn_backend="torch-reference",
             versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
             python=platform.python_version(),

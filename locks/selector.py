@@ -107,6 +107,7 @@ class Selector(ABC):
     """Base class of every method. One instance per layer."""
 
     name: ClassVar[str]
+    uses_budget: ClassVar[bool] = True  # False: the budget changes nothing (FullKV), so one run serves every budget
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair"):
         if budget is None or budget <= 0:
@@ -160,13 +161,16 @@ class MethodSpec:
     budget: int
     options: dict = field(default_factory=dict)
 
-    def build(self, info: LayerInfo) -> Selector:
+    def selector_class(self) -> type[Selector]:
         import baselines  # noqa: F401  (registers the baselines)
         import locks.locks_selector  # noqa: F401
 
         if self.name not in SELECTORS:
             raise ConfigError(f"unknown method {self.name!r}; choose one of {sorted(SELECTORS)}")
-        return SELECTORS[self.name](info, budget=self.budget, **self.options)
+        return SELECTORS[self.name]
+
+    def build(self, info: LayerInfo) -> Selector:
+        return self.selector_class()(info, budget=self.budget, **self.options)
 
 
 def check_finite(name: str, x: Tensor) -> None:

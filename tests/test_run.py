@@ -142,3 +142,16 @@ def test_embedded_model_end_to_end_on_fixtures(tmp_path, benchmark, tasks):
     assert set(metrics["scores"]) == set(tasks.strip("[]").split(","))
     assert all(0 <= s <= 100 for s in metrics["scores"].values())
     assert metrics["model"] == "smollm2_135m" and "average" in result.stdout
+
+
+def test_fullkv_runs_once_for_every_budget_of_a_sweep(tmp_path):
+    """The budget changes nothing for FullKV, so a second budget reuses the first run's results."""
+    args = TINY + ["method=fullkv", "benchmark.num_samples=1", "benchmark.tasks=[niah_single_1]"]
+    first = run(args + ["budget=64"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = run(args + ["budget=512"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "(1 samples done, 0 to go)" in second.stdout
+    runs = [p for p in tmp_path.iterdir() if (p / "config.yaml").exists()]
+    assert len(runs) == 1 and "_fullkv_full_" in runs[0].name
+    assert json.loads((runs[0] / "metrics.json").read_text())["budget"] is None
