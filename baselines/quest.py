@@ -160,6 +160,11 @@ class QuestSelector(Selector):
         """
         B, Hq, d = query.shape
         Hkv = self._max.shape[1]
+        if self.info.backend == "triton":  # fused kernel: min/max read once for the G heads (locks/kernels/)
+            from locks.kernels import quest_page_scores
+
+            return quest_page_scores(query, self._max[:, :, :num_pages], self._min[:, :, :num_pages]).view(
+                B, Hkv, Hq // Hkv, num_pages)
         q = query.view(B, Hkv, Hq // Hkv, d).float()
         M = self._max[:, :, :num_pages].float()
         m = self._min[:, :, :num_pages].float()

@@ -18,8 +18,12 @@ NOT_HASHED = ("logger", "paths", "hydra")
 
 
 def run_key(config: dict) -> str:
-    """sha1 of the canonical JSON of the resolved config minus logging and paths."""
+    """sha1 of the canonical JSON of the resolved config minus logging, paths and the compute backend."""
     kept = {k: v for k, v in config.items() if k not in NOT_HASHED}
+    if isinstance(kept.get("method"), dict):
+        # method.backend (torch reference or fused Triton kernels) computes the same selections and attention up to
+        # float rounding; it is recorded in metrics.json (attn_backend), not a separate experiment
+        kept["method"] = {k: v for k, v in kept["method"].items() if k != "backend"}
     return hashlib.sha1(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -18,12 +18,13 @@ from eval.results import (append_prediction, efficiency_summary, read_prediction
 from eval.tracking import build_logger
 from locks.cache import SelectorCache
 from locks.generation import generate
-from locks.selector import ConfigError, LayerInfo, MethodSpec
+from locks.selector import ConfigError, LayerInfo, MethodSpec, resolve_backend
 
 
 def method_spec(method_cfg: dict) -> MethodSpec:
-    options = {k: v for k, v in method_cfg.items() if k not in ("name", "budget")}
-    return MethodSpec(name=method_cfg["name"], budget=method_cfg["budget"], options=options)
+    options = {k: v for k, v in method_cfg.items() if k not in ("name", "budget", "backend")}
+    return MethodSpec(name=method_cfg["name"], budget=method_cfg["budget"], options=options,
+                      backend=method_cfg.get("backend", "auto"))
 
 
 def seed_everything(seed: int) -> None:
@@ -52,6 +53,7 @@ def run_benchmark(config: dict, cfg) -> dict:
 
     seed_everything(int(config["seed"]))
     loaded = load_model(cfg.model)
+    backend = resolve_backend(method.backend, loaded.device)
     check_context(config["benchmark"], loaded)
     samples = benchmark.samples(loaded.tokenizer, int(config["seed"]))
     done = read_predictions(pred_path)
@@ -72,7 +74,7 @@ def run_benchmark(config: dict, cfg) -> dict:
             run_key=key, method=config["method"], model=loaded.name, device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
             budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
-            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend="torch-reference",
+            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend=backend,
             versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
             python=platform.python_version(),
         )

@@ -139,7 +139,12 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         attended = float(L)
     else:
-        o, lse = sparse_decode(q, key, value, sel, scaling)
+        if cache.backend == "triton":
+            from locks.kernels import sparse_decode as fused_sparse_decode
+
+            o, lse = fused_sparse_decode(q, key, value, sel, scaling)
+        else:
+            o, lse = sparse_decode(q, key, value, sel, scaling)
         out = o.unsqueeze(1)  # [B, 1, Hq, d]
         attended = float(attended_per_kv_head(sel, L).mean())
     kv_bytes = sel.kv_bytes if sel.kv_bytes is not None else 2.0 * attended * d * elem * Hkv

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer
 
-from locks.selector import LayerInfo, MethodSpec, Selector, StepStats
+from locks.selector import LayerInfo, MethodSpec, Selector, StepStats, resolve_backend
 
 
 class SelectorLayer(DynamicLayer):
@@ -121,6 +121,7 @@ class SelectorCache(Cache):
     def __init__(self, model, method: MethodSpec, kv_element_bytes: int = 2, measure_coverage: bool = False):
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.backend = resolve_backend(method.backend, next(model.parameters()).device)
         infos = [
             LayerInfo(
                 layer_idx=i,
@@ -129,6 +130,7 @@ class SelectorCache(Cache):
                 head_dim=head_dim,
                 scaling=head_dim**-0.5,
                 kv_element_bytes=kv_element_bytes,
+                backend=self.backend,
             )
             for i in range(config.num_hidden_layers)
         ]

@@ -41,6 +41,20 @@ class LocksSelector(PageSelector):
             self.summaries = concat_summaries(self.summaries, new)
             self.pages_built = pages
 
+    def scored_pages(self, query, keys, num_pages, forced, forced_log_mass):
+        # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the
+        # candidate range [lo, hi): LOCKS's forced pages are always a prefix (sink) and a suffix (recent pages).
+        lo = next((p for p in range(num_pages) if p not in forced), num_pages)
+        hi = next((p + 1 for p in range(num_pages - 1, -1, -1) if p not in forced), lo)
+        contiguous = all(p not in forced for p in range(lo, hi))
+        if self.info.backend != "triton" or self.quant != "int" or forced_log_mass is not None or not contiguous:
+            return super().scored_pages(query, keys, num_pages, forced, forced_log_mass)
+        from locks.kernels import locks_aggregated_scores
+
+        agg, scores, _ = locks_aggregated_scores(query, self.summaries, self.info.scaling, self.info.group_size,
+                                                 mode=self.aggregation, lo=lo, hi=hi, return_heads=True)
+        return scores[..., :num_pages], agg[..., :num_pages]
+
     def page_scores(self, query, keys, num_pages):
         return page_scores(query, self.summaries, self.info.scaling)[..., :num_pages]
 

@@ -125,14 +125,11 @@ class PageSelector(Selector):
             chosen = torch.arange(num_pages, device=device).expand(B, Hkv, num_pages)
             max_tokens = L
         else:
-            candidates = torch.ones(B, Hkv, num_pages, dtype=torch.bool, device=device)
-            candidates[:, :, forced_idx] = False
-            scores = self.page_scores(query, keys, num_pages)
             log_mass = None
             if forced_tokens:
                 forced_token_idx = torch.cat([pages_to_tokens(forced_idx, n), tail_idx[0, 0]])
                 log_mass = self.forced_log_mass(query, keys, forced_token_idx)
-            agg = aggregate_heads(scores, self.info.group_size, self.aggregation, candidates, log_mass)
+            scores, agg = self.scored_pages(query, keys, num_pages, set(forced), log_mass)
             top = torch.topk(agg, k_pages, dim=-1).indices
             chosen = torch.cat([top, forced_idx.expand(B, Hkv, len(forced))], -1).sort(dim=-1).values
             metadata_bytes = self.scoring_bytes(num_candidates) * Hkv
@@ -145,6 +142,15 @@ class PageSelector(Selector):
             valid = torch.cat([valid, valid.new_zeros(B, Hkv, pad)], -1)
         return Selection(indices=tokens.unsqueeze(2), valid=valid.unsqueeze(2), forced_tokens=float(forced_tokens),
                          metadata_bytes=float(metadata_bytes), certify=certify)
+
+    def scored_pages(self, query: Tensor, keys: Tensor, num_pages: int, forced: set[int],
+                     forced_log_mass: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(S [B, Hq, P] per-head scores, A [B, Hkv, P] aggregated scores, -inf on the forced pages)."""
+        B, Hkv = keys.shape[:2]
+        candidates = torch.ones(B, Hkv, num_pages, dtype=torch.bool, device=keys.device)
+        candidates[:, :, sorted(forced)] = False
+        scores = self.page_scores(query, keys, num_pages)
+        return scores, aggregate_heads(scores, self.info.group_size, self.aggregation, candidates, forced_log_mass)
 
     def _certificate(self, query: Tensor, scores: Tensor, chosen: Tensor, num_pages: int):
         """Per-step coverage certificate (specs/locks.md A5.5), given the selected set's exact lse_sel per head:

@@ -38,6 +38,7 @@ class LayerInfo:
     head_dim: int
     scaling: float
     kv_element_bytes: int = 2  # bytes per cached K/V element assumed by the bytes model (bf16 on GPU)
+    backend: str = "torch"  # "torch" (reference) or "triton" (fused kernels in locks/kernels/), resolved per device
 
     @property
     def group_size(self) -> int:
@@ -160,6 +161,7 @@ class MethodSpec:
     name: str
     budget: int
     options: dict = field(default_factory=dict)
+    backend: str = "auto"  # method.backend: auto (triton on CUDA when importable, else torch) | triton | torch
 
     def selector_class(self) -> type[Selector]:
         import baselines  # noqa: F401  (registers the baselines)
@@ -171,6 +173,28 @@ class MethodSpec:
 
     def build(self, info: LayerInfo) -> Selector:
         return self.selector_class()(info, budget=self.budget, **self.options)
+
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def resolve_backend(requested: str, device) -> str:
+    """method.backend -> "triton" or "torch" for a model on `device` (Triton on CPU only under TRITON_INTERPRET=1)."""
+    import importlib.util
+    import os
+
+    if requested not in BACKENDS:
+        raise ConfigError(f"method.backend must be one of {BACKENDS} (got {requested!r})")
+    on_cuda = torch.device(device).type == "cuda"
+    have_triton = importlib.util.find_spec("triton") is not None
+    if requested == "auto":
+        return "triton" if on_cuda and have_triton else "torch"
+    if requested == "triton":
+        if not have_triton:
+            raise ConfigError("method.backend=triton needs the triton package (pip install '.[gpu]')")
+        if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError("method.backend=triton needs a CUDA device (or TRITON_INTERPRET=1 for the CPU interpreter)")
+    return requested
 
 
 def check_finite(name: str, x: Tensor) -> None:

@@ -3,6 +3,8 @@ import os
 import pytest
 import torch
 
+if not torch.cuda.is_available():  # CPU: kernels run under the Triton interpreter (read when they are decorated)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

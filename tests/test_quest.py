@@ -467,7 +467,7 @@ def test_yaml_options_build():
     from omegaconf import OmegaConf
 
     conf = OmegaConf.load("conf/method/quest.yaml")
-    options = {k: v for k, v in OmegaConf.to_container(conf).items() if k not in ("name", "budget")}
+    options = {k: v for k, v in OmegaConf.to_container(conf).items() if k not in ("name", "budget", "backend")}
     s = quest(2048, 4, 2, layer_idx=0, **options)
     assert s.page_size == 16 and s.dense and s.page_rule == "kernel" and s.gqa == "per_head"
     assert s.select(torch.randn(1, 4, D), *make_kv(1, 2, 40)).dense

@@ -1,6 +1,7 @@
 """Selector invariants on synthetic K/V, against independent dense references (float64 softmax, brute force)."""
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,3 +265,20 @@ def test_shared_matrix_shapes_determinism_and_bytes(name, options):
         assert kv_bytes >= 0
         if name != "oracle":
             assert sel.metadata_bytes + kv_bytes < full_bytes, (name, options)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "conf" / "method").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_method_config_builds_its_selector(path):
+    """conf/method/<name>.yaml: every option is a constructor argument, the name is registered, backend is valid."""
+    from omegaconf import OmegaConf
+
+    from eval.runner import method_spec
+
+    cfg = OmegaConf.to_container(OmegaConf.load(path))
+    assert cfg["name"] == path.stem and cfg["budget"] == "${budget}" and cfg["backend"] == "auto"
+    cfg["budget"] = 512
+    for key in [k for k, v in cfg.items() if isinstance(v, str) and v.startswith("${")]:
+        cfg[key] = 42  # other interpolations (e.g. the run's seed)
+    selector = method_spec(cfg).build(LayerInfo(layer_idx=3, num_heads=4, num_kv_heads=2, head_dim=D, scaling=SCALE))
+    assert selector.name == path.stem

@@ -1,0 +1,321 @@
+"""Fused LOCKS page scoring over the quantized summaries (specs/locks.md A3.2-A3.3, A4, A7b).
+
+Oracle: `locks.summaries.page_scores` (per-head scores) and `locks.pages.aggregate_heads` (GQA aggregation).
+
+Kernel 1, `_locks_score_kernel` -- grid (B * Hkv, cdiv(P, BLOCK_P)): one program scores BLOCK_P pages of one KV
+head for all G query heads of its group, so every summary byte is read once per step. Per page it reads
+    mu_int (d B) + mu_scale (2 B) + v_pack (r*d/2 B) + c_int (n*r B) + w (4r B) = 802 B at d=128, r=8, n=16
+(the 804 B summary minus rho, which only the certificate needs), plus, once per program, the G queries and the
+KV head's fp32 head mean. For every page j and head g (fp32 accumulation throughout):
+    u_{g,m}  = w_{j,m} * (q_g[even] . lo_nibble(Vpack_{j,m}) + q_g[odd] . hi_nibble(Vpack_{j,m}))
+    logit_gi = scaling * (q_g.m_h + a_j * (q_g . mu_int_j) + sum_m u_{g,m} Cint_j[i,m])
+    S_{g,j}  = logsumexp_i logit_gi
+int4 unpacking: v_pack row m of page j holds d/2 bytes; byte k has channel 2k in its low nibble and channel 2k+1 in
+its high nibble (4-bit two's complement). The kernel never interleaves: it loads the bytes once as a
+[BLOCK_P, d/2] tile, splits them into lo = b & 15 and hi = b >> 4 (sign: x - 16 where x >= 8), and dots them with
+the even and odd channels of the queries, which it loads as two strided [G, d/2] tiles. The three dots per rank
+column (q.mu_int, q_even.lo, q_odd.hi) are tl.dot calls with the G heads padded to 16 rows (tensor cores): with
+bf16/fp16 queries the int4/int8 operands are exact in the query dtype, so the products are exact and only the fp32
+accumulation order differs from the fp32 reference; with fp32 queries the dots run in IEEE fp32 (never TF32).
+The rank-r term is a [G, BLOCK_P, n] fp32 tensor built by r broadcast multiply-adds; the page LSE reduces it over n.
+
+GQA aggregation (`locks_aggregated_scores`), exact two-pass scheme, candidate pages = the range [lo, hi):
+  pass 1 (kernel 1) writes the per-head scores S [B, Hq, P] (fp32, 4*G B per page) and, per program, every head's
+      partial log Z over the candidate pages of its block as (max, sum of exp) -- [B, Hq, cdiv(P, BLOCK_P)];
+  reduce (`_logz_kernel`, grid B * Hq) combines the partials into log Z_g = logsumexp_{j in [lo,hi)} S_{g,j};
+  pass 2 (`_aggregate_kernel`, grid (B * Hkv, cdiv(P, BLOCK_A))) re-reads S for the candidate pages (4*G B per page)
+      and writes A_j = logsumexp_g (S_gj - log Z_g) (norm) or max_g (S_gj - log Z_g) (max) as fp32, -inf outside
+      [lo, hi) (4 B per page).
+  Bytes per candidate page and KV head: 802 (summary) + 4G (S written) + 4G (S read) + 4 (A written)
+  + 8G / BLOCK_P (partials), e.g. 870 at G = 4 and 934 at G = 16 -- the spec's "+ G*P_c*4*2" option of A7.
+  raw mode needs no log Z: pass 1 writes A_j = logsumexp_g S_gj directly (802 + 4 B per page, one launch).
+  With `log_z` given (the spec's one-pass `logZ_prev` variant, e.g. the previous step's log Z) norm/max are also
+  computed in pass 1 (one launch, 806 B per page); that is a different selector, not the exact aggregation.
+The forced-set log-mass option of `aggregate_heads` (used by the Oracle only) is not supported.
+
+Candidate bounds lo/hi are Python ints or int tensors on the device ([2] = (lo, hi), read by the kernels) so that a
+captured CUDA graph can be replayed with new bounds without recapture.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, pow2
+from locks.summaries import QuantizedPageSummaries
+
+__all__ = ["locks_page_scores", "locks_aggregated_scores", "LOCKS_AGGREGATIONS"]
+
+LOCKS_AGGREGATIONS = {"raw": 1, "norm": 2, "max": 3}
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def _mm_t(a, b, F32: tl.constexpr):
+    """a [M, K] @ b[N, K]^T -> [M, N] fp32 accumulation."""
+    if F32:
+        c = tl.dot(a.to(tl.float32), tl.trans(b.to(tl.float32)), input_precision="ieee")
+    else:
+        c = tl.dot(a, tl.trans(b.to(a.dtype)))
+    return c
+
+
+@triton.jit
+def _bounds(bounds_ptr, lo, hi, BOUNDS_PTR: tl.constexpr):
+    if BOUNDS_PTR:
+        lo = tl.load(bounds_ptr).to(tl.int32)
+        hi = tl.load(bounds_ptr + 1).to(tl.int32)
+    return lo, hi
+
+
+@triton.jit
+def _group_reduce(x, gmask, MODE: tl.constexpr):
+    """x [BLOCK_G, BLOCK_P] -> [BLOCK_P]: logsumexp (raw/norm) or max (max) over the valid rows."""
+    x = tl.where(gmask[:, None], x, float("-inf"))
+    mx = tl.max(x, axis=0)
+    if MODE == 3:
+        out = mx
+    else:
+        safe = tl.where(mx == float("-inf"), 0.0, mx)
+        out = safe + tl.log(tl.sum(tl.exp(x - safe[None, :]), axis=0))
+    return out
+
+
+@triton.jit
+def _locks_score_kernel(
+    q_ptr, stride_qb, stride_qh,
+    mu_ptr, mus_ptr, hm_ptr, v_ptr, c_ptr, w_ptr,
+    s_ptr, agg_ptr, pm_ptr, pl_ptr, logz_ptr, bounds_ptr,
+    lo, hi, Hkv, P, NB, G, D, scaling,
+    R: tl.constexpr, N: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DH: tl.constexpr,
+    F32: tl.constexpr, WRITE_HEADS: tl.constexpr, WRITE_PARTIALS: tl.constexpr, AGG: tl.constexpr,
+    BOUNDS_PTR: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)  # b * Hkv + h
+    pb = tl.program_id(1)
+    b = bh // Hkv
+    h = bh % Hkv
+    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS_PTR)
+
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+    kh = tl.arange(0, BLOCK_DH)
+    khmask = kh < D // 2
+    ii = tl.arange(0, N)
+
+    # queries of the group: full rows (mu term), even / odd channels (int4 nibbles), all in the query dtype
+    q_rows = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh
+    q = tl.load(q_rows + dd[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
+    qe = tl.load(q_rows + 2 * kh[None, :], mask=gmask[:, None] & khmask[None, :], other=0.0)
+    qo = tl.load(q_rows + 2 * kh[None, :] + 1, mask=gmask[:, None] & khmask[None, :], other=0.0)
+    hm = tl.load(hm_ptr + bh * D + dd, mask=dmask, other=0.0)
+    q_mh = tl.sum(q.to(tl.float32) * hm[None, :], axis=1)  # [BLOCK_G]
+
+    page = bh * P + offs_p  # global page row (int64)
+    mu = tl.load(mu_ptr + page[:, None] * D + dd[None, :], mask=pmask[:, None] & dmask[None, :], other=0)
+    a = tl.load(mus_ptr + page, mask=pmask, other=0.0).to(tl.float32)
+    mu_term = q_mh[:, None] + a[None, :] * _mm_t(q, mu, F32)  # [BLOCK_G, BLOCK_P]
+
+    low = tl.zeros([BLOCK_G, BLOCK_P, N], dtype=tl.float32)
+    for m in tl.static_range(R):
+        vb = tl.load(v_ptr + (page * R + m)[:, None] * (D // 2) + kh[None, :],
+                     mask=pmask[:, None] & khmask[None, :], other=0).to(tl.int32)
+        v_lo = vb & 15
+        v_hi = (vb >> 4) & 15
+        v_lo = tl.where(v_lo >= 8, v_lo - 16, v_lo)
+        v_hi = tl.where(v_hi >= 8, v_hi - 16, v_hi)
+        u = _mm_t(qe, v_lo, F32) + _mm_t(qo, v_hi, F32)  # [BLOCK_G, BLOCK_P]
+        wm = tl.load(w_ptr + page * R + m, mask=pmask, other=0.0)
+        u = u * wm[None, :]
+        cm = tl.load(c_ptr + (page * N)[:, None] * R + ii[None, :] * R + m, mask=pmask[:, None], other=0)
+        low += u[:, :, None] * cm.to(tl.float32)[None, :, :]
+
+    logit = (mu_term[:, :, None] + low) * scaling
+    mx = tl.max(logit, axis=2)
+    S = mx + tl.log(tl.sum(tl.exp(logit - mx[:, :, None]), axis=2))  # [BLOCK_G, BLOCK_P]
+
+    if WRITE_HEADS:
+        tl.store(s_ptr + (bh * G + g)[:, None] * P + offs_p[None, :], S, mask=gmask[:, None] & pmask[None, :])
+    cmask = pmask & (offs_p >= lo) & (offs_p < hi)
+    if WRITE_PARTIALS:
+        Sc = tl.where(cmask[None, :], S, float("-inf"))
+        pmax = tl.max(Sc, axis=1)
+        safe = tl.where(pmax == float("-inf"), 0.0, pmax)
+        psum = tl.sum(tl.exp(Sc - safe[:, None]), axis=1)
+        tl.store(pm_ptr + (bh * G + g) * NB + pb, pmax, mask=gmask)
+        tl.store(pl_ptr + (bh * G + g) * NB + pb, psum, mask=gmask)
+    if AGG != 0:
+        if AGG == 1:
+            x = S
+        else:
+            lz = tl.load(logz_ptr + bh * G + g, mask=gmask, other=0.0)
+            x = S - lz[:, None]
+        A = _group_reduce(x, gmask, AGG)
+        A = tl.where(cmask, A, float("-inf"))
+        tl.store(agg_ptr + bh * P + offs_p, A, mask=pmask)
+
+
+@triton.jit
+def _logz_kernel(pm_ptr, pl_ptr, logz_ptr, NB, BLOCK_R: tl.constexpr):
+    """log Z of one query head from its per-block (max, sum exp) partials."""
+    row = tl.program_id(0).to(tl.int64)
+    Mv = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    Lv = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for start in range(0, NB, BLOCK_R):
+        offs = start + tl.arange(0, BLOCK_R)
+        msk = offs < NB
+        m = tl.load(pm_ptr + row * NB + offs, mask=msk, other=float("-inf"))
+        l = tl.load(pl_ptr + row * NB + offs, mask=msk, other=0.0)
+        new = tl.maximum(Mv, m)
+        safe = tl.where(new == float("-inf"), 0.0, new)
+        Lv = Lv * tl.exp(Mv - safe) + l * tl.exp(m - safe)
+        Mv = new
+    M = tl.max(Mv, axis=0)
+    safe = tl.where(M == float("-inf"), 0.0, M)
+    L = tl.sum(Lv * tl.exp(Mv - safe), axis=0)
+    tl.store(logz_ptr + row, tl.where(L > 0, safe + tl.log(L), float("-inf")))
+
+
+@triton.jit
+def _aggregate_kernel(s_ptr, logz_ptr, agg_ptr, bounds_ptr, lo, hi, P, G,
+                      MODE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_A: tl.constexpr, BOUNDS_PTR: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
+    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS_PTR)
+    pmask = offs < P
+    cmask = pmask & (offs >= lo) & (offs < hi)
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    S = tl.load(s_ptr + (bh * G + g)[:, None] * P + offs[None, :], mask=gmask[:, None] & cmask[None, :],
+                other=float("-inf"))
+    lz = tl.load(logz_ptr + bh * G + g, mask=gmask, other=0.0)
+    A = _group_reduce(S - lz[:, None], gmask, MODE)
+    A = tl.where(cmask, A, float("-inf"))
+    tl.store(agg_ptr + bh * P + offs, A, mask=pmask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _block_p(block_g: int, n: int, block_p: int | None) -> int:
+    """Pages per program: the [BLOCK_G, BLOCK_P, n] fp32 logit tile stays around 8K elements (16..64 pages)."""
+    if block_p is not None:
+        return block_p
+    bp = 8192 // (block_g * n)
+    bp = 1 << (max(1, bp).bit_length() - 1)
+    return min(64, max(16, bp))
+
+
+def _prepare(q: Tensor, s: QuantizedPageSummaries):
+    if not isinstance(s, QuantizedPageSummaries):
+        raise TypeError(f"the fused LOCKS scoring kernel needs quantized summaries (got {type(s).__name__})")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [B, Hq, d] (got {tuple(q.shape)})")
+    B, Hq, d = q.shape
+    Bs, H, P, ds = s.mu_int.shape
+    if Bs != B or ds != d or Hq % H:
+        raise ValueError(f"q {tuple(q.shape)} does not match summaries of shape {tuple(s.mu_int.shape)}")
+    if d % 2:
+        raise ValueError(f"head dim must be even (got {d})")
+    n, r = s.page_size, s.rank
+    if n & (n - 1):
+        raise ValueError(f"page size must be a power of two (got {n})")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    parts = [t.contiguous() for t in (s.mu_int, s.mu_scale, s.head_mean.float().expand(B, H, d), s.v_pack, s.c_int,
+                                      s.w.float())]
+    return q, parts, (B, Hq, H, Hq // H, P, d, n, r)
+
+
+def _bounds_args(lo, hi, P: int, device):
+    """(bounds tensor or None, lo int, hi int, BOUNDS_PTR)."""
+    if isinstance(lo, Tensor) or isinstance(hi, Tensor):
+        lo_t = lo if isinstance(lo, Tensor) else torch.full((), int(lo), device=device)
+        hi_t = hi if isinstance(hi, Tensor) else torch.full((), int(P if hi is None else hi), device=device)
+        bounds = torch.stack([lo_t.reshape(()), hi_t.reshape(())]).to(device=device, dtype=torch.int32)
+        return bounds, 0, 0, True
+    hi = P if hi is None else int(hi)
+    return None, max(0, int(lo)), min(P, hi), False
+
+
+def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, num_warps=4):
+    q, (mu, mus, hm, vp, ci, w), (B, Hq, H, G, P, d, n, r) = _prepare(q, s)
+    check_device(_locks_score_kernel, q, mu)
+    dev = q.device
+    block_g = pow2(G, 16)
+    bp = _block_p(block_g, n, block_p)
+    nb = cdiv(P, bp)
+    bounds, lo_i, hi_i, from_ptr = _bounds_args(lo, hi, P, dev)
+    heads = empty(B, Hq, P, dtype=torch.float32, device=dev) if write_heads else None
+    partials = agg in (2, 3) and log_z is None
+    pm = empty(B, Hq, nb, dtype=torch.float32, device=dev) if partials else None
+    pl = empty(B, Hq, nb, dtype=torch.float32, device=dev) if partials else None
+    out = empty(B, H, P, dtype=torch.float32, device=dev) if agg else None
+    one_pass = agg == 1 or (agg in (2, 3) and log_z is not None)
+    if log_z is not None:
+        log_z = log_z.to(device=dev, dtype=torch.float32).reshape(B, Hq).contiguous()
+    dummy = mus  # never dereferenced: the matching constexpr flag is off
+    f32 = dot_in_f32(_locks_score_kernel, q.dtype)
+    if P > 0:
+        _locks_score_kernel[(B * H, nb)](
+            q, q.stride(0), q.stride(1),
+            mu, mus, hm, vp, ci, w,
+            heads if heads is not None else dummy, out if out is not None else dummy,
+            pm if pm is not None else dummy, pl if pl is not None else dummy,
+            log_z if log_z is not None else dummy, bounds if bounds is not None else dummy,
+            lo_i, hi_i, H, P, nb, G, d, float(scaling),
+            R=r, N=n, BLOCK_G=block_g, BLOCK_P=bp, BLOCK_D=pow2(d, 16), BLOCK_DH=pow2(d // 2, 16),
+            F32=f32, WRITE_HEADS=write_heads, WRITE_PARTIALS=partials, AGG=agg if one_pass else 0,
+            BOUNDS_PTR=from_ptr, num_warps=num_warps,
+        )
+    return heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr), (B, Hq, H, G, P, nb, block_g)
+
+
+def locks_page_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, *, block_p: int | None = None,
+                      num_warps: int = 4) -> Tensor:
+    """S [B, Hq, P] fp32 == `locks.summaries.page_scores(q, s, scaling)` for quantized summaries (one launch)."""
+    heads, *_ = _launch_scores(q, s, scaling, write_heads=True, agg=0, lo=0, hi=None, block_p=block_p,
+                               num_warps=num_warps)
+    return heads
+
+
+def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, group: int, mode: str = "norm",
+                            lo=0, hi=None, *, log_z: Tensor | None = None, return_heads: bool = False,
+                            block_p: int | None = None, block_a: int = 256, num_warps: int = 4):
+    """A [B, Hkv, P] fp32 == `aggregate_heads(page_scores(q, s, scaling), group, mode, candidates)` where the
+    candidates are the pages [lo, hi) (hi=None: P); other pages get -inf.
+
+    lo / hi: Python ints, or int tensors on the device (read by the kernels; CUDA-graph friendly).
+    log_z [B, Hq]: if given, norm/max use it instead of the exact current-step log Z (one-pass variant, spec A3.3).
+    return_heads=True returns (A, S [B, Hq, P], log Z [B, Hq] or None): S is needed by the certificate (A5.5). In raw
+    mode S is only materialized when requested; log Z is None in raw mode and when `log_z` is given.
+    """
+    if mode not in LOCKS_AGGREGATIONS:
+        raise ValueError(f"aggregation mode must be one of {tuple(LOCKS_AGGREGATIONS)} (got {mode!r})")
+    agg = LOCKS_AGGREGATIONS[mode]
+    if q.shape[1] != group * s.mu_int.shape[1]:
+        raise ValueError(f"group={group} does not match {q.shape[1]} query heads over {s.mu_int.shape[1]} KV heads")
+    two_pass = agg in (2, 3) and log_z is None
+    heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr), (B, Hq, H, G, P, nb, block_g) = _launch_scores(
+        q, s, scaling, write_heads=two_pass or return_heads, agg=agg, lo=lo, hi=hi, log_z=log_z, block_p=block_p,
+        num_warps=num_warps)
+    logz = None
+    if two_pass:
+        logz = empty(B, Hq, dtype=torch.float32, device=q.device)
+        if P > 0:
+            _logz_kernel[(B * Hq,)](pm, pl, logz, nb, BLOCK_R=min(1024, pow2(nb, 16)))
+            _aggregate_kernel[(B * H, cdiv(P, block_a))](
+                heads, logz, out, bounds if bounds is not None else logz, lo_i, hi_i, P, G,
+                MODE=agg, BLOCK_G=block_g, BLOCK_A=block_a, BOUNDS_PTR=from_ptr, num_warps=4)
+        else:
+            logz.fill_(NEG_INF)
+    if return_heads:
+        return out, heads, logz
+    return out

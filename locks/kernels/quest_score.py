@@ -1,0 +1,104 @@
+"""Fused Quest page scoring (per-page channel-wise key max/min bound; baselines/quest.py, specs/quest.md).
+
+    U_{g,j} = sum_c max(q_g[c] * kmax_j[c], q_g[c] * kmin_j[c])       (fp32, no scaling, no softmax)
+
+`_quest_score_kernel` -- grid (B * Hkv, cdiv(P, BLOCK_P)): one program loads the [BLOCK_P, d] max and min tiles of
+one KV head once (2*d*s B per page, s = element size of the metadata) and scores them for all G query heads of the
+group with two tensor-core dots, using max(q M, q m) = q+ M + q- m (q+ = max(q, 0), q- = min(q, 0)), which holds
+because kmax >= kmin channel-wise (true for any real metadata; the same identity as baselines/quest.py). With
+bf16/fp16 metadata and queries the products are exact and accumulate in fp32; with fp32 inputs the dots run in IEEE
+fp32. Output: per head [B, Hq, P] (4*G B written per page), or reduced over the group in the same program (max or
+sum over the G heads, 4 B per page) -- the `gqa=group` mode of the Quest selector.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, pow2
+
+__all__ = ["quest_page_scores", "quest_group_scores", "QUEST_REDUCE"]
+
+QUEST_REDUCE = {"max": 1, "sum": 2}
+
+
+@triton.jit
+def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
+                        out_ptr, Hkv, P, G, D,
+                        BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                        F32: tl.constexpr, REDUCE: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    pb = tl.program_id(1)
+    b = bh // Hkv
+    h = bh % Hkv
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+
+    q = tl.load(q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + dd[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    qp = tl.maximum(q, 0.0)  # exact in the query dtype again below (sign split only)
+    qn = tl.minimum(q, 0.0)
+    base = b * stride_mb + h * stride_mh + offs_p.to(tl.int64)[:, None] * stride_mp + dd[None, :]
+    tmask = pmask[:, None] & dmask[None, :]
+    kmax = tl.load(mx_ptr + base, mask=tmask, other=0.0)
+    kmin = tl.load(mn_ptr + base, mask=tmask, other=0.0)
+    if F32:
+        U = tl.dot(qp.to(tl.float32), tl.trans(kmax.to(tl.float32)), input_precision="ieee")
+        U += tl.dot(qn.to(tl.float32), tl.trans(kmin.to(tl.float32)), input_precision="ieee")
+    else:
+        U = tl.dot(qp.to(kmax.dtype), tl.trans(kmax))
+        U += tl.dot(qn.to(kmin.dtype), tl.trans(kmin))
+    if REDUCE == 0:
+        tl.store(out_ptr + (bh * G + g)[:, None] * P + offs_p[None, :], U, mask=gmask[:, None] & pmask[None, :])
+    else:
+        if REDUCE == 1:
+            A = tl.max(tl.where(gmask[:, None], U, float("-inf")), axis=0)
+        else:
+            A = tl.sum(tl.where(gmask[:, None], U, 0.0), axis=0)
+        tl.store(out_ptr + bh * P + offs_p, A, mask=pmask)
+
+
+def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int, num_warps: int) -> Tensor:
+    if q.dim() != 3 or kmax.dim() != 4 or kmax.shape != kmin.shape:
+        raise ValueError(f"expected q [B, Hq, d] and kmax/kmin [B, Hkv, P, d] (got {tuple(q.shape)}, "
+                         f"{tuple(kmax.shape)}, {tuple(kmin.shape)})")
+    B, Hq, d = q.shape
+    Bm, H, P, dm = kmax.shape
+    if Bm != B or dm != d or Hq % H:
+        raise ValueError(f"q {tuple(q.shape)} does not match metadata {tuple(kmax.shape)}")
+    check_device(_quest_score_kernel, q, kmax, kmin)
+    G = Hq // H
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if kmax.stride() != kmin.stride() or kmax.stride(-1) != 1:
+        kmax, kmin = kmax.contiguous(), kmin.contiguous()
+    if q.dtype != kmax.dtype and kmax.dtype != torch.float32:
+        # mixed precision: score in fp32 on the metadata values (exact upcast)
+        q = q.float()
+    f32 = dot_in_f32(_quest_score_kernel, q.dtype, kmax.dtype)
+    out = empty(B, Hq if reduce == 0 else H, P, dtype=torch.float32, device=q.device)
+    if P > 0:
+        _quest_score_kernel[(B * H, cdiv(P, block_p))](
+            q, q.stride(0), q.stride(1), kmax, kmin, kmax.stride(0), kmax.stride(1), kmax.stride(2),
+            out, H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p, BLOCK_D=pow2(d, 16), F32=f32, REDUCE=reduce,
+            num_warps=num_warps)
+    return out
+
+
+def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, block_p: int = 64, num_warps: int = 4) -> Tensor:
+    """U [B, Hq, P] fp32 per query head; q [B, Hq, d], kmax/kmin [B, Hkv, P, d] (kmax >= kmin)."""
+    return _launch(q, kmax, kmin, 0, block_p, num_warps)
+
+
+def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max", *, block_p: int = 64,
+                       num_warps: int = 4) -> Tensor:
+    """[B, Hkv, P] fp32: max or sum over the G query heads of each KV head of `quest_page_scores`."""
+    if reduce not in QUEST_REDUCE:
+        raise ValueError(f"reduce must be one of {tuple(QUEST_REDUCE)} (got {reduce!r})")
+    return _launch(q, kmax, kmin, QUEST_REDUCE[reduce], block_p, num_warps)
