@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import platform
 import random
 import time
@@ -16,7 +17,7 @@ from eval.benchmarks import build_benchmark
 from eval.results import (append_prediction, efficiency_summary, read_predictions, run_dir_name, run_key,
                           sample_id, score_table, write_json_atomic)
 from eval.tracking import build_logger
-from locks.cache import SelectorCache
+from locks.cache import SelectorCache, prefill_backend
 from locks.generation import generate
 from locks.selector import ConfigError, LayerInfo, MethodSpec, resolve_backend
 
@@ -50,6 +51,13 @@ def run_benchmark(config: dict, cfg) -> dict:
     with open(out_dir / "config.yaml", "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
     pred_path, metrics_path = out_dir / "predictions.jsonl", out_dir / "metrics.json"
+    stored = finished_metrics(pred_path, metrics_path)
+    if stored is not None:  # a finished run (resubmitted or requeued sweep): nothing to do, no model load
+        n = sum(stored["num_samples"].values())
+        print(f"run directory: {out_dir}  ({n} samples done, 0 to go)")
+        print(f"skipped: results exist in {out_dir}")
+        print(score_table(stored))
+        return stored
 
     seed_everything(int(config["seed"]))
     loaded = load_model(cfg.model)
@@ -74,7 +82,7 @@ def run_benchmark(config: dict, cfg) -> dict:
             run_key=key, method=config["method"], model=loaded.name, device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
             budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
-            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend=backend,
+            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend=backend, prefill_backend=prefill_backend(loaded.device, loaded.dtype),
             versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
             python=platform.python_version(),
         )
@@ -86,6 +94,19 @@ def run_benchmark(config: dict, cfg) -> dict:
     print(score_table(metrics))
     print(f"results: {metrics_path}")
     return metrics
+
+
+def finished_metrics(pred_path: Path, metrics_path: Path) -> dict | None:
+    """metrics.json of a complete run (it is written only at the end, atomically) when predictions.jsonl holds as
+    many samples as it counts; None otherwise (the run starts or resumes)."""
+    if not metrics_path.exists():
+        return None
+    try:
+        metrics = json.loads(metrics_path.read_text())
+        expected = sum(int(n) for n in metrics["num_samples"].values())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return metrics if len(read_predictions(pred_path)) == expected else None
 
 
 def check_context(bench: dict, loaded) -> None:

@@ -89,6 +89,18 @@ def _alive_selection(alive: Tensor) -> Selection:
     return Selection(indices=idx, valid=alive[:, :, None, :].clone())
 
 
+def dense_prefill(module, query, key, value, attention_mask, dropout, scaling, backend: str, **kwargs) -> Tensor:
+    """Dense causal attention of the prompt: flash-attn's kernel when `backend == "flash_attn"` and the prompt is one
+    unpadded causal block (no mask tensor, as many queries as keys), else transformers' SDPA. -> [B, q, Hq, d]."""
+    if backend == "flash_attn" and attention_mask is None and query.shape[2] == key.shape[2]:
+        from flash_attn import flash_attn_func  # GQA-native: K/V keep their H_kv heads
+
+        return flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dropout_p=dropout,
+                               softmax_scale=scaling, causal=True)
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return out
+
+
 def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention-function contract: query [B, Hq, q, d], key/value [B, Hkv, L, d] (whole cache)."""
     cache = kwargs.get("sparse_cache")
@@ -104,7 +116,7 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
 
     if cache.phase == "prefill":
         check_finite("prompt keys", key)
-        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        out = dense_prefill(module, query, key, value, attention_mask, dropout, scaling, cache.prefill_backend, **kwargs)
         positions = kwargs.get("position_ids")
         if positions is None:
             positions = torch.arange(key.shape[2], device=key.device).expand(key.shape[0], -1)

@@ -15,6 +15,15 @@ from transformers.cache_utils import Cache, DynamicLayer
 from locks.selector import LayerInfo, MethodSpec, Selector, StepStats, resolve_backend
 
 
+def prefill_backend(device, dtype) -> str:
+    """"flash_attn" when the optional flash-attn package is importable and the model runs on CUDA in fp16/bf16
+    (`pip install '.[gpu]'`), else "sdpa" (transformers' SDPA path)."""
+    import importlib.util
+
+    usable = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    return "flash_attn" if usable and importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
 class SelectorLayer(DynamicLayer):
     """K/V of one layer in a buffer that grows geometrically (no O(L) re-concatenation per step), plus its selector."""
 
@@ -121,7 +130,9 @@ class SelectorCache(Cache):
     def __init__(self, model, method: MethodSpec, kv_element_bytes: int = 2, measure_coverage: bool = False):
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.backend = resolve_backend(method.backend, next(model.parameters()).device)
+        weight = next(model.parameters())
+        self.backend = resolve_backend(method.backend, weight.device)
+        self.prefill_backend = prefill_backend(weight.device, weight.dtype)
         infos = [
             LayerInfo(
                 layer_idx=i,

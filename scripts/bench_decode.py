@@ -5,6 +5,7 @@ For every shape (llama: 32 query / 8 KV heads, glm: 32 / 2; d = 128, bf16), cont
 step of one layer, all heads, with fresh random K/V (never zeros):
   sdpa_cudnn, sdpa_flash   F.scaled_dot_product_attention (enable_gqa, GQA-native) forced onto one backend with
                            torch.nn.attention.sdpa_kernel; a backend that refuses is recorded as a skip with the error
+  flash_attn_kvcache       flash_attn.flash_attn_with_kvcache (the optional flash-attn package; a skip when absent)
   triton_full              locks.kernels.full_decode (the split-K kernel over all tokens)
   locks_fused              locks_aggregated_scores (norm, exact two-pass) + torch.topk + paged_decode
   locks_score / topk / locks_decode   the three parts of locks_fused timed alone (topk = torch.topk on the
@@ -65,10 +66,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHAPES = {"llama": (32, 8, 128), "glm": (32, 2, 128)}  # (query heads, KV heads, head dim)
 DRY_SHAPES = {"llama": (8, 2, 64), "glm": (16, 1, 64)}  # same GQA groups (4, 16), tiny
-FULLKV_METHODS = ["sdpa_cudnn", "sdpa_flash", "triton_full"]
+FULLKV_METHODS = ["sdpa_cudnn", "sdpa_flash", "flash_attn_kvcache", "triton_full"]
 METHODS = FULLKV_METHODS + ["locks_fused", "locks_score", "topk", "locks_decode", "quest_fused",
                             "quest_fused_per_head", "locks_torch"]
-CHECKED = ["triton_full", "sdpa_cudnn", "sdpa_flash", "locks_fused", "quest_fused", "quest_fused_per_head"]
+CHECKED = ["triton_full", "sdpa_cudnn", "sdpa_flash", "flash_attn_kvcache", "locks_fused", "quest_fused", "quest_fused_per_head"]
 TOL = {"out": 1e-2, "scores": 1e-3}  # bf16 outputs vs fp32 references; fp32 scores
 
 
@@ -439,6 +440,13 @@ def run_config(args, rec: Recorder, timer: Timer, device, shape_name, dims, L, B
     def triton_full(sl):
         return K.full_decode(sl["q"], sl["k"], sl["v"], scaling)
 
+    def flash_attn_kvcache(sl):
+        # the optional flash-attn package (pip install '.[gpu]'): its decode kernel over the [B, L, H_kv, d] cache
+        from flash_attn import flash_attn_with_kvcache
+
+        return flash_attn_with_kvcache(sl["q"].unsqueeze(1), sl["k"].transpose(1, 2), sl["v"].transpose(1, 2),
+                                       softmax_scale=scaling, causal=False)[:, 0]
+
     def locks_score(sl):
         return K.locks_aggregated_scores(sl["q"], sl["summ"], scaling, G, "norm", lo, hi)
 
@@ -479,6 +487,7 @@ def run_config(args, rec: Recorder, timer: Timer, device, shape_name, dims, L, B
 
     steps = {
         "sdpa_cudnn": sdpa("cudnn"), "sdpa_flash": sdpa("flash"), "triton_full": triton_full,
+        "flash_attn_kvcache": flash_attn_kvcache,
         "locks_fused": locks_fused, "locks_score": locks_score,
         "topk": None, "locks_decode": None,
         "quest_fused": quest_fused, "quest_fused_per_head": quest_fused_per_head, "locks_torch": locks_torch,
@@ -510,6 +519,7 @@ def run_config(args, rec: Recorder, timer: Timer, device, shape_name, dims, L, B
     quest_head_bytes = (2 * d * s_el * (nq - 1) + 2 * d * s_el * quest_union + qbytes) * H * B
     bytes_of = {
         "sdpa_cudnn": (full_bytes, None, L), "sdpa_flash": (full_bytes, None, L), "triton_full": (full_bytes, None, L),
+        "flash_attn_kvcache": (full_bytes, None, L),
         "locks_fused": (locks_bytes, locks_bytes + locks_inter, attended_locks),
         "locks_torch": (locks_bytes, None, attended_locks),
         "locks_score": (score_bytes, score_bytes + (8 * G + 4) * (hi - lo) * H * B, None),
@@ -523,7 +533,7 @@ def run_config(args, rec: Recorder, timer: Timer, device, shape_name, dims, L, B
     sl0 = slots[0]
     with torch.no_grad():
         ref_out, ref_lse = dense_reference(sl0["q"], keys, values, scaling)
-        for m in ("triton_full", "sdpa_cudnn", "sdpa_flash"):
+        for m in ("triton_full", "sdpa_cudnn", "sdpa_flash", "flash_attn_kvcache"):
             if m not in args.methods:
                 continue
             try:

@@ -44,7 +44,7 @@ def test_bench_decode_dry_run(tmp_path):
         for m in bench_decode.METHODS:
             assert m in done or m in skipped, f"{shape}: {m} neither measured nor skipped"
             if m in skipped:
-                assert skipped[m]["reason"] and m in ("sdpa_cudnn", "sdpa_flash"), skipped[m]
+                assert skipped[m]["reason"] and m in ("sdpa_cudnn", "sdpa_flash", "flash_attn_kvcache"), skipped[m]
         # our own kernels and the reference are always measured
         for m in ("triton_full", "locks_fused", "locks_score", "topk", "locks_decode", "quest_fused",
                   "quest_fused_per_head", "locks_torch"):

@@ -156,3 +156,35 @@ def test_backend_resolution_and_errors():
     assert resolve_backend("auto", "cpu") == "torch" and resolve_backend("torch", "cpu") == "torch"
     with pytest.raises(ConfigError, match="method.backend must be one of"):
         resolve_backend("cuda", "cpu")
+
+
+def test_flash_attn_prefill_path_matches_sdpa(tiny, monkeypatch):
+    """The optional flash-attn prefill (CUDA only) is plumbed right: with a stand-in `flash_attn_func` (same
+    contract: [B, L, H, d] inputs, GQA-native, causal) the model produces the same logits as through SDPA."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+
+    calls = []
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+        calls.append(q.shape)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                                             scale=softmax_scale, enable_gqa=True)
+        return out.transpose(1, 2)
+
+    monkeypatch.setitem(sys.modules, "flash_attn", types.SimpleNamespace(flash_attn_func=flash_attn_func))
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 77), generator=torch.Generator().manual_seed(8))
+    tiny.set_attn_implementation(register_attention())
+    logits = {}
+    for backend in ("sdpa", "flash_attn"):
+        cache = SelectorCache(tiny, MethodSpec("fullkv", 64))
+        cache.prefill_backend = backend
+        with torch.no_grad():
+            logits[backend] = tiny(input_ids=ids, cache=cache, sparse_cache=cache, use_cache=True).logits
+    assert len(calls) == TINY_LLAMA["num_hidden_layers"]
+    assert torch.allclose(logits["sdpa"], logits["flash_attn"], atol=1e-5)
+    from locks.cache import prefill_backend
+
+    assert prefill_backend("cpu", torch.float32) == "sdpa"
