@@ -29,6 +29,8 @@ SELECTOR_CONFIGS = [
     ("rocketkv", {"budget_mode": "paper"}),
     ("shadowkv", {}),
     ("shadowkv", {"budget_mode": "paper", "outlier_chunks": 2}),
+    ("lrqk", {"rank": 8}),  # rank 8: at d = 32 the default rank-32 proxy scan alone reads as much as dense (B9)
+    ("lrqk", {"rank": 8, "budget_mode": "paper"}),
 ]
 
 

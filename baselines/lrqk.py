@@ -1,0 +1,473 @@
+"""LRQK (NeurIPS'25, `specs/lrqk.md`): jointly fitted low-rank Q/K factors per query head, proxy top-k, hybrid cache.
+
+Everything is per QUERY head: K is expanded to the Hq query heads (repeat_kv), so A_K, B_Q, B_K, the hot cache and
+the top-k sets exist once per query head (G copies per KV head). Math runs in fp32, state is stored in the keys'
+dtype (bf16 on GPU, as the official code does).
+
+Prefill (post-RoPE Q [l, d], K [l, d] of one head, rank r): ALS on
+    f = 1/2 ||Q K^T - A_Q A_K^T||^2 + lq/2 ||Q - A_Q B_Q||^2 + lk/2 ||K - A_K B_K||^2
+from A_Q, A_K ~ N(0, 1) (a generator seeded from (seed, layer_idx)); each iteration
+    B_Q = (A_Q^T A_Q)^-1 A_Q^T Q,  B_K = (A_K^T A_K)^-1 A_K^T K
+    A_Q <- Q (K^T A_K + lq B_Q^T)(A_K^T A_K + lq B_Q B_Q^T)^-1
+    A_K <- K (Q^T A_Q + lk B_K^T)(A_Q^T A_Q + lk B_K B_K^T)^-1     (new A_Q: Gauss-Seidel)
+stopping when max(MSE(A_Q_old, A_Q), MSE(A_K_old, A_K)) < tol_prefill, then B is refitted. Kept: A_K (one row per
+token), B_Q, B_K; the last row of A_Q is the low-rank query of the initial selection.
+
+Decode step (new token t, query q, key k, Omega = the k + n resident rows of the head's hot cache):
+    k^ = k B_K^T (B_K B_K^T)^-1, then up to max_iter_decode alternating exact solves
+    q^ = [q B_Q^T + l2 (q K_O^T) A_O + l1 (q.k) k^] [B_Q B_Q^T + l2 A_O^T A_O + l1 k^T k^]^-1
+    k^ = [k B_K^T + l1 (q.k) q^] [B_K B_K^T + l1 q^T q^]^-1
+    B_Q <- B_Q - a G,  G = q^T (q^ B_Q - q),  a = ||G||^2 / (||q^ G||^2 + 1e-6)   (Kaczmarz: q^ B_Q,new = q); B_K alike
+    A_K gets the row k^;  z = q^ . A_K^T over tokens [0, oldest lite - 1) (no scale, no softmax); top-k, ascending.
+The current token sits in the ring (in K_O) before its A_K row exists, so its row of A_O is zero, as in the official
+code (equivalent to leaving it out of the l2 term).
+The hot cache (per query head, on the keys' device) has k top-k slots and an n-slot ring of the most recent ("lite")
+tokens. The cold store [B, Hkv, L, 2d] ([K|V]) holds every token in host memory (pinned when CUDA exists; a
+separate CPU buffer otherwise, same code path): the prompt at prefill, decoded tokens in batches of n when the ring
+wraps. A slot whose token left the top-k set is overwritten by a new top-k token not yet resident; only those missed
+rows are gathered from the cold store and copied host->device. The output is exact attention over the k + n
+resident rows, served to the harness through `Selection.keys/values` (sorted by token index).
+hit_rate = 1 - (#overwritten slots) / (B * Hq * k) per decode step, averaged over steps (lite excluded).
+
+Budget (`specs/budgets.md`): fair: top_k = budget - lite_tokens, so every query head attends top_k + lite = budget
+tokens; paper: top_k = budget and the lite tokens are attended outside it (budget + lite_tokens per query head).
+Contexts that fit (L <= top_k + lite) are attended in full from the hot cache; prompts shorter than top_k are
+collected (dense attention) and factorized once the length reaches top_k, as the official `collecting` state does.
+The harness's attended-token count is the union over a KV head's G query heads (up to G*top_k + lite).
+
+Bytes (spec B9, per step, summed over KV heads, s = kv_element_bytes for every element, s_b = s for scores):
+    metadata = Hq [L (r s + 2 s) + (k+n)(r + d) s + 4 r d s]     kv = Hq (k+n) 2 d s     h2d = misses * 2 d s
+(while the context fits: no scan, Omega = the L - 1 earlier tokens, kv = Hq L 2 d s.) The fp32 casts are not
+counted. extra_metrics: hit_rate (mean over the steps that ran a hit/miss update), h2d_rows_per_step (rows moved
+host->device, summed over query heads, batch mean, over all decode steps), effective_rank, gpu_memory_ratio
+((A_K + B_Q + B_K + hot cache) / dense KV cache of the layer; A_K alone is G r / (2 d), spec B6).
+
+Deviations from the official code (tenghuilee/LRQK @ f3b843f, `lrqk_attention.py`):
+  * rank r is capped at head_dim (r > d makes B_K B_K^T singular) and factorization waits for max(top_k, r) tokens
+    (A^T A needs >= r rows); reported as `effective_rank`.
+  * scores q^.A_K^T are computed in fp32 (official: bf16 matmul); q^ stays fp32.
+  * a prompt of exactly top_k + lite tokens flushes the full ring to the cold store at once (official: indexes one
+    slot past the ring).
+  * tokens appended without a select() (never the case in `generate`) get k^ = k B_K^T (B_K B_K^T)^-1 and no basis
+    update; a select() without a new token selects without updating the factors.
+  * the initial top-k rows come from the dense prefill K/V on the device (no H2D), as in the official prefill.
+  * no torch.compile / C++ gather kernel; on a CPU device the hooks run with one intra-op thread (restored after
+    each call): the per-step tensors are tiny and extra OpenMP threads only add barrier waits on a shared machine.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from locks.selector import ConfigError, LayerInfo, PrefillContext, Selection, Selector, register
+
+INITS = ("randn", "top", "topcol")
+PREFILL_ORDERS = ("official", "gauss_seidel")
+
+
+# ----- the math (any float dtype; the selector calls it in fp32, the tests in float64) ------------------------------
+
+def solve_right(M: Tensor, R: Tensor) -> Tensor:
+    """X with X M = R (batched; solve_ex as the official code: no error check, no sync)."""
+    return torch.linalg.solve_ex(M, R, left=False)[0]
+
+
+def init_factors(Q: Tensor, K: Tensor, r: int, method: str = "randn",
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """A_Q [.., lq, r], A_K [.., lk, r]: randn (A_Q drawn first), or the r columns with the largest sum |.| (top:
+    separately for Q and K; topcol: shared columns by sum |Q| + sum |K|)."""
+    if method == "randn":
+        A_Q = torch.randn(*Q.shape[:-1], r, dtype=Q.dtype, device=Q.device, generator=generator)
+        A_K = torch.randn(*K.shape[:-1], r, dtype=K.dtype, device=K.device, generator=generator)
+        return A_Q, A_K
+    q_sum, k_sum = Q.abs().sum(-2, keepdim=True), K.abs().sum(-2, keepdim=True)
+    if method == "top":
+        iq, ik = q_sum.topk(r, dim=-1).indices, k_sum.topk(r, dim=-1).indices
+    else:
+        iq = ik = (q_sum + k_sum).topk(r, dim=-1).indices
+    return (Q.gather(-1, iq.expand(*Q.shape[:-1], r)), K.gather(-1, ik.expand(*K.shape[:-1], r)))
+
+
+def als(Q: Tensor, K: Tensor, A_Q: Tensor, A_K: Tensor, max_iter: int = 2, tol: float = 1e-2,
+        lambda_q: float = 1.0, lambda_k: float = 1.0, jacobi: bool = False,
+        callback: Callable[[str, Tensor, Tensor, Tensor, Tensor], None] | None = None):
+    """Prefill ALS (module docstring); -> (A_Q, B_Q, A_K, B_K). `jacobi` updates A_K from the old A_Q (the official
+    lambda != 1 path). `callback(block, A_Q, B_Q, A_K, B_K)` runs after every block update (tests)."""
+
+    def refit(A: Tensor, X: Tensor) -> Tensor:  # B = (A^T A)^-1 A^T X
+        return torch.linalg.solve_ex(A.mT @ A, A.mT @ X)[0]
+
+    for _ in range(max_iter):
+        B_Q, B_K = refit(A_Q, Q), refit(A_K, K)
+        if callback:
+            callback("B", A_Q, B_Q, A_K, B_K)
+        # dA_Q: -(QK^T - A_Q A_K^T) A_K - lq (Q - A_Q B_Q) B_Q^T = 0 ;  Q (K^T A_K) avoids the l x l matrix QK^T
+        new_A_Q = Q @ solve_right(A_K.mT @ A_K + lambda_q * B_Q @ B_Q.mT, K.mT @ A_K + lambda_q * B_Q.mT)
+        if callback:
+            callback("A_Q", new_A_Q, B_Q, A_K, B_K)
+        A_src = A_Q if jacobi else new_A_Q
+        new_A_K = K @ solve_right(A_src.mT @ A_src + lambda_k * B_K @ B_K.mT, Q.mT @ A_src + lambda_k * B_K.mT)
+        if callback:
+            callback("A_K", new_A_Q, B_Q, new_A_K, B_K)
+        delta = max(float(F.mse_loss(A_Q, new_A_Q)), float(F.mse_loss(A_K, new_A_K)))
+        A_Q, A_K = new_A_Q, new_A_K
+        if delta < tol:
+            break
+    B_Q, B_K = refit(A_Q, Q), refit(A_K, K)
+    if callback:
+        callback("final", A_Q, B_Q, A_K, B_K)
+    return A_Q, B_Q, A_K, B_K
+
+
+def decode_coordinates(B_Q: Tensor, B_K: Tensor, A_om: Tensor, K_om: Tensor, q: Tensor, k: Tensor,
+                       max_iter: int = 2, tol: float = 1e-2, lambda1: float = 1.0, lambda2: float = 1.0):
+    """Low-rank coordinates of the new token. B_Q, B_K [.., r, d]; A_om [.., m, r]; K_om [.., m, d]; q, k [.., 1, d].
+
+    -> (q_hat, k_hat, k_hat_used): q_hat solves its normal equation with k_hat_used, k_hat solves its own with q_hat.
+    """
+    kB = k @ B_K.mT
+    P = B_K @ B_K.mT
+    rhs_q = q @ B_Q.mT + lambda2 * (q @ K_om.mT) @ A_om
+    M_q = B_Q @ B_Q.mT + lambda2 * A_om.mT @ A_om
+    c = lambda1 * (q @ k.mT)  # l1 (q . k), [.., 1, 1]
+    k_hat = solve_right(P, kB)
+    for _ in range(max(max_iter, 1)):
+        k_used = k_hat
+        q_hat = solve_right(M_q + lambda1 * k_hat.mT @ k_hat, rhs_q + c * k_hat)
+        k_hat = solve_right(P + lambda1 * q_hat.mT @ q_hat, kB + c * q_hat)
+        if float(F.mse_loss(k_used, k_hat)) < tol:
+            break
+    return q_hat, k_hat, k_used
+
+
+def kaczmarz(B: Tensor, hat: Tensor, x: Tensor, eps: float = 1e-6) -> Tensor:
+    """One gradient step with exact line search on 1/2 ||hat B - x||^2 (hat [.., 1, r]): a rank-1 projection."""
+    G = hat.mT @ (hat @ B - x)
+    alpha = G.square().sum((-2, -1), keepdim=True) / ((hat @ G).square().sum((-2, -1), keepdim=True) + eps)
+    return B - alpha * G
+
+
+def replace_slots(old: Tensor, new: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """Hit/miss slot replacement. old [.., k] resident indices (slot order), new [.., k] top-k (ascending).
+
+    A slot whose index is not in `new` is overwritten (mask True) by a new index not yet resident; the j-th
+    overwritten slot (slot order) takes the j-th such index (ascending), as the official boolean assignment does.
+    -> (updated slots, mask); the updated set equals the new set.
+    """
+    shape = (*old.shape[:-1], length)
+    in_new = torch.zeros(shape, dtype=torch.bool, device=old.device).scatter_(-1, new, True)
+    resident = torch.zeros(shape, dtype=torch.bool, device=old.device).scatter_(-1, old, True)
+    miss = ~in_new.gather(-1, old)
+    fresh = ~resident.gather(-1, new)
+    slot_order = torch.sort((~miss).to(torch.uint8), dim=-1, stable=True).indices  # missed slots first
+    new_order = torch.sort((~fresh).to(torch.uint8), dim=-1, stable=True).indices  # fresh indices first
+    j = torch.arange(old.shape[-1], device=old.device)
+    vals = torch.where(j < miss.sum(-1, keepdim=True), new.gather(-1, new_order), old.gather(-1, slot_order))
+    return old.scatter(-1, slot_order, vals), miss
+
+
+def take_rows(x: Tensor, idx: Tensor) -> Tensor:
+    """x [B, H, L, c], idx [B, H, m] -> x[b, h, idx[b, h]] [B, H, m, c] (index_select: far faster than gather on CPU)."""
+    B, H, L, c = x.shape
+    offset = torch.arange(B * H, device=idx.device).view(B, H, 1) * L
+    return x.reshape(B * H * L, c).index_select(0, (idx + offset).reshape(-1)).view(B, H, idx.shape[-1], c)
+
+
+def _single_threaded_on_cpu(method):
+    """Run a hook with one intra-op thread when its tensors live on the CPU (restored afterwards).
+
+    The per-step tensors are tiny (r x r solves, k + n rows); on a shared CPU every extra OpenMP thread only adds a
+    barrier wait per BLAS call (measured: 0.5 ms vs 130 ms per decode solve on a loaded 2-core machine).
+    """
+
+    def wrapper(self, *args, **kwargs):
+        tensor = next((a for a in args if isinstance(a, Tensor)), None)
+        if tensor is None:
+            tensor = getattr(args[0], "keys", None)
+        if tensor is None or tensor.device.type != "cpu":
+            return method(self, *args, **kwargs)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return wrapper
+
+
+# ----- the selector --------------------------------------------------------------------------------------------------
+
+def _positive_int(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"method.{name} must be an integer >= {minimum} (got {value!r})")
+    return value
+
+
+def _nonneg_float(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"method.{name} must be a finite number >= 0 (got {value!r})")
+    return float(value)
+
+
+@register
+class LRQKSelector(Selector):
+    name = "lrqk"
+
+    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 32,
+                 lite_tokens: int = 64, max_iter_prefill: int = 2, max_iter_decode: int = 2,
+                 tol_prefill: float = 1e-2, tol_decode: float = 1e-2, lambda_q: float = 1.0, lambda_k: float = 1.0,
+                 lambda_1: float = 1.0, lambda_2: float = 1.0, init: str = "randn", prefill_order: str = "official",
+                 candidate_off_by_one: bool = True, seed: int = 42):
+        super().__init__(info, budget, budget_mode)
+        self.rank = _positive_int(rank, "rank")
+        self.n = _positive_int(lite_tokens, "lite_tokens")
+        self.max_iter_prefill = _positive_int(max_iter_prefill, "max_iter_prefill", 0)
+        self.max_iter_decode = _positive_int(max_iter_decode, "max_iter_decode")
+        self.tol_prefill = _nonneg_float(tol_prefill, "tol_prefill")
+        self.tol_decode = _nonneg_float(tol_decode, "tol_decode")
+        self.lambda_q, self.lambda_k = _nonneg_float(lambda_q, "lambda_q"), _nonneg_float(lambda_k, "lambda_k")
+        self.lambda_1, self.lambda_2 = _nonneg_float(lambda_1, "lambda_1"), _nonneg_float(lambda_2, "lambda_2")
+        if init not in INITS:
+            raise ConfigError(f"method.init must be one of {INITS} (got {init!r})")
+        if prefill_order not in PREFILL_ORDERS:
+            raise ConfigError(f"method.prefill_order must be one of {PREFILL_ORDERS} (got {prefill_order!r})")
+        if not isinstance(candidate_off_by_one, bool):
+            raise ConfigError(f"method.candidate_off_by_one must be true or false (got {candidate_off_by_one!r})")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"method.seed must be an integer (got {seed!r})")
+        self.init, self.prefill_order, self.off_by_one, self.seed = init, prefill_order, candidate_off_by_one, seed
+        self.r = min(self.rank, info.head_dim)
+        if budget_mode == "fair":
+            if self.budget <= self.n:
+                raise ConfigError(f"budget={self.budget} must exceed method.lite_tokens={self.n} in budget_mode=fair "
+                                  f"(top_k = budget - lite_tokens)")
+            if self.budget < self.r:
+                raise ConfigError(f"budget={self.budget} must be >= min(method.rank, head_dim)={self.r} in "
+                                  f"budget_mode=fair (the factors need r tokens)")
+            self.k = self.budget - self.n
+        else:
+            self.k = self.budget
+        self.G = info.group_size
+        self.state = "empty"  # empty -> collecting (fewer than max(k, r) tokens) -> factorized
+        self.length = 0  # tokens absorbed (appended)
+        self.pending: list[int] = []  # appended tokens whose A_K row is not written yet
+        self.steps = 0
+        self.h2d_rows = 0.0
+        self.hit_sum: Tensor | float = 0.0
+        self.hit_steps = 0
+
+    # ----- state helpers ---------------------------------------------------------------------------------------------
+
+    def _rep(self, x: Tensor) -> Tensor:
+        """[B, Hkv, ...] -> [B, Hq, ...] (repeat_kv: query head j reads KV head j // G)."""
+        return x.repeat_interleave(self.G, dim=1)
+
+    def _gather_heads(self, x: Tensor, idx: Tensor) -> Tensor:
+        """x [B, Hkv, L, d], idx [B, Hq, m] -> [B, Hq, m, d] (query head j reads KV head j // G) without repeating x."""
+        B, H, L, d = x.shape
+        m = idx.shape[-1]
+        return take_rows(x, idx.view(B, H, self.G * m)).view(B, H * self.G, m, d)
+
+    def _store_append(self, k: Tensor, v: Tensor) -> None:
+        """Append rows [B, Hkv, m, d] of K and V to the host cold store [B, Hkv, cap, 2d] (grows x1.5)."""
+        B, H, m, d = k.shape
+        need = self.store_len + m
+        if self.store is None or need > self.store.shape[2]:
+            cap = max(need, int(1.5 * (0 if self.store is None else self.store.shape[2])), 256)
+            new = torch.empty(B, H, cap, 2 * d, dtype=k.dtype, pin_memory=torch.cuda.is_available())
+            if self.store is not None:
+                new[:, :, : self.store_len] = self.store[:, :, : self.store_len]
+            self.store = new
+        self.store[:, :, self.store_len : need, :d].copy_(k)
+        self.store[:, :, self.store_len : need, d:].copy_(v)
+        self.store_len = need
+
+    def _ak_append(self, rows: Tensor, at: int) -> None:
+        """Write A_K rows [B, Hq, m, r] at token `at` (A_K on the device, grows x1.5)."""
+        need = at + rows.shape[2]
+        if need > self.A_K.shape[2]:
+            buf = self.A_K.new_zeros(*self.A_K.shape[:2], max(need, int(1.5 * self.A_K.shape[2])), self.r)
+            buf[:, :, : self.ak_len] = self.A_K[:, :, : self.ak_len]
+            self.A_K = buf
+        self.A_K[:, :, at:need] = rows.to(self.A_K.dtype)
+        self.ak_len = need
+
+    def _ring_write(self, keys: Tensor, values: Tensor, t: int) -> None:
+        """Token t into the lite ring of every query head; a full ring goes to the cold store (one copy per KV head)."""
+        slot = self.k + self.lite_len
+        self.Kh[:, :, slot] = self._rep(keys[:, :, t])
+        self.Vh[:, :, slot] = self._rep(values[:, :, t])
+        self.lite[self.lite_len] = t
+        self.lite_t[self.lite_len] = t
+        self.lite_len += 1
+        if self.lite_len == self.n:
+            self._store_append(self.Kh[:, :: self.G, self.k :], self.Vh[:, :: self.G, self.k :])
+            self.lite_len = 0
+
+    # ----- prefill ---------------------------------------------------------------------------------------------------
+
+    @_single_threaded_on_cpu
+    def prefill(self, ctx: PrefillContext) -> None:
+        keys = ctx.keys
+        self.device, self.dtype = keys.device, keys.dtype
+        self.length = keys.shape[2]
+        self.pending = []
+        self.steps, self.h2d_rows, self.hit_sum, self.hit_steps = 0, 0.0, 0.0, 0
+        self.q_buf = ctx.queries
+        self.state = "collecting"
+        if self.length >= max(self.k, self.r):
+            self._factorize(ctx.keys, ctx.values)
+
+    def _factorize(self, keys: Tensor, values: Tensor) -> None:
+        """ALS on the collected queries and all l0 = keys.shape[2] keys; hot cache, ring and cold store."""
+        B, Hkv, l0, d = keys.shape
+        k, n, dt = self.k, self.n, keys.dtype
+        Q = self.q_buf.float()
+        K = self._rep(keys).float()
+        gen = torch.Generator(device=keys.device).manual_seed((self.seed * 1_000_003 + self.info.layer_idx) % 2**63)
+        A_Q, A_K = init_factors(Q, K, self.r, self.init, gen)
+        jacobi = self.prefill_order == "official" and (self.lambda_q != 1.0 or self.lambda_k != 1.0)
+        A_Q, B_Q, A_K, B_K = als(Q, K, A_Q, A_K, self.max_iter_prefill, self.tol_prefill,
+                                 self.lambda_q, self.lambda_k, jacobi)
+        self.q_buf = None
+        self.B_Q, self.B_K = B_Q.to(dt), B_K.to(dt)
+        self.A_K = torch.zeros(B, K.shape[1], max(int(1.5 * l0), l0 + 1), self.r, dtype=dt, device=keys.device)
+        self.ak_len = 0
+        self._ak_append(A_K, 0)
+        self.Kh = keys.new_zeros(B, K.shape[1], k + n, d)
+        self.Vh = values.new_zeros(B, K.shape[1], k + n, d)
+        self.store, self.store_len = None, 0
+        self.lite_t = torch.full((n,), -1, dtype=torch.long, device=keys.device)
+        if l0 > k + n:
+            self._store_append(keys, values)
+            z = self.A_K[:, :, : l0 - n].float() @ A_Q[:, :, -1:].mT  # initial selection: last row of A_Q
+            self.slots = z.squeeze(-1).topk(k, dim=-1).indices.sort(dim=-1).values
+            self.Kh[:, :, :k] = self._gather_heads(keys, self.slots)
+            self.Vh[:, :, :k] = self._gather_heads(values, self.slots)
+            self.Kh[:, :, k:] = self._rep(keys[:, :, l0 - n :])
+            self.Vh[:, :, k:] = self._rep(values[:, :, l0 - n :])
+            self.lite, self.lite_len = list(range(l0 - n, l0)), 0
+            self.lite_t.copy_(torch.arange(l0 - n, l0))
+        else:  # k <= l0 <= k + n: every token resident, slots = [0, k), ring = [k, l0)
+            self._store_append(keys[:, :, :k], values[:, :, :k])
+            self.slots = torch.arange(k, device=keys.device).expand(B, K.shape[1], k).contiguous()
+            self.Kh[:, :, :l0] = self._rep(keys)
+            self.Vh[:, :, :l0] = self._rep(values)
+            self.lite, self.lite_len = [-1] * n, 0
+            for t in range(k, l0):
+                self.lite[self.lite_len] = t
+                self.lite_t[self.lite_len] = t
+                self.lite_len += 1
+            if self.lite_len == n:
+                self._store_append(self.Kh[:, :: self.G, k:], self.Vh[:, :: self.G, k:])
+                self.lite_len = 0
+        self.state = "factorized"
+
+    # ----- decode ----------------------------------------------------------------------------------------------------
+
+    @_single_threaded_on_cpu
+    def append(self, keys: Tensor, values: Tensor) -> None:
+        L = keys.shape[2]
+        for t in range(self.length, L):
+            if self.state == "factorized":
+                self._ring_write(keys, values, t)
+            self.pending.append(t)
+        self.length = max(self.length, L)
+
+    def _absorb_without_query(self, keys: Tensor) -> None:
+        """Tokens appended without a select(): k^ = k B_K^T (B_K B_K^T)^-1, no basis update (not used by generate)."""
+        while len(self.pending) > 1:
+            t = self.pending.pop(0)
+            B_K = self.B_K.float()
+            k = self._rep(keys[:, :, t : t + 1]).float()
+            self._ak_append(solve_right(B_K @ B_K.mT, k @ B_K.mT), t)
+
+    @_single_threaded_on_cpu
+    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
+        B, Hkv, L, d = keys.shape
+        self.steps += 1
+        if self.state == "collecting":
+            if self.pending:
+                self.q_buf = torch.cat([self.q_buf, query.unsqueeze(2).to(self.q_buf.dtype)], dim=2)
+            self.pending = []
+            if L >= max(self.k, self.r):
+                self._factorize(keys, values)
+            return Selection.all_tokens()
+
+        self._absorb_without_query(keys)
+        update = bool(self.pending)
+        self.pending = []
+        k, n, r, s, Hq = self.k, self.n, self.r, self.info.kv_element_bytes, query.shape[1]
+        resident = L <= k + n  # the whole context fits the hot cache: Omega = every earlier token, no selection
+        if resident:
+            m = min(self.ak_len, L - 1)
+            A_om, K_om = self.A_K[:, :, :m].float(), self.Kh[:, :, :m].float()
+        else:
+            omega = torch.cat([self.slots, self.lite_t.expand(B, Hq, n)], dim=-1)
+            ok = (omega >= 0) & (omega < self.ak_len)  # the current token's row does not exist yet: zeros
+            A_om = take_rows(self.A_K, omega * ok).float() * ok[..., None]
+            K_om = self.Kh.float()
+        q = query.float().unsqueeze(2)
+        k_t = self._rep(keys[:, :, L - 1 : L]).float()
+        B_Q, B_K = self.B_Q.float(), self.B_K.float()
+        q_hat, k_hat, _ = decode_coordinates(B_Q, B_K, A_om, K_om, q, k_t, self.max_iter_decode, self.tol_decode,
+                                             self.lambda_1, self.lambda_2)
+        if update:
+            self.B_Q = kaczmarz(B_Q, q_hat, q).to(self.dtype)
+            self.B_K = kaczmarz(B_K, k_hat, k_t).to(self.dtype)
+            self._ak_append(k_hat, L - 1)
+
+        if resident:
+            idx = torch.arange(L, device=keys.device).expand(B, Hkv, self.G, L)
+            return Selection(
+                indices=idx, valid=torch.ones_like(idx, dtype=torch.bool),
+                keys=self.Kh[:, :, :L].view(B, Hkv, self.G, L, d), values=self.Vh[:, :, :L].view(B, Hkv, self.G, L, d),
+                forced_tokens=float(L - k), kv_bytes=2.0 * d * s * Hq * L,
+                metadata_bytes=float(Hq * (m * (r + d) * s + 4 * r * d * s)))
+
+        ncand = L - n - (1 if self.off_by_one else 0)  # the ring holds the last n tokens: oldest = L - n
+        z = (self.A_K[:, :, :ncand].float() @ q_hat.mT).squeeze(-1)
+        top = z.topk(k, dim=-1).indices.sort(dim=-1).values
+        self.slots, miss = replace_slots(self.slots, top, L)
+        self.hit_sum = self.hit_sum + (1.0 - miss.float().mean())
+        self.hit_steps += 1
+        bi, hi, si = miss.nonzero(as_tuple=True)  # D2H sync, as in the official code
+        rows = 0
+        if len(bi):
+            tok = self.slots[bi, hi, si]
+            lin = ((bi * Hkv + hi // self.G) * self.store.shape[2] + tok).cpu()
+            fetched = self.store.view(-1, 2 * d).index_select(0, lin).to(keys.device, non_blocking=True)
+            self.Kh[bi, hi, si] = fetched[:, :d]
+            self.Vh[bi, hi, si] = fetched[:, d:]
+            rows = len(bi)
+        self.h2d_rows += rows / B
+
+        idx = torch.cat([self.slots, self.lite_t.expand(B, Hq, n)], dim=-1)
+        idx, order = idx.sort(dim=-1)
+        shape = (B, Hkv, self.G, k + n, d)
+        idx = idx.view(B, Hkv, self.G, k + n)
+        metadata = Hq * (L * (r * s + 2 * s) + (k + n) * (r + d) * s + 4 * r * d * s)
+        return Selection(
+            indices=idx, valid=torch.ones_like(idx, dtype=torch.bool),
+            keys=take_rows(self.Kh, order).view(shape), values=take_rows(self.Vh, order).view(shape),
+            forced_tokens=float(n), metadata_bytes=float(metadata), kv_bytes=2.0 * d * s * Hq * (k + n),
+            h2d_bytes=2.0 * d * s * rows / B)
+
+    def extra_metrics(self) -> dict:
+        if self.state == "empty":
+            return {}
+        metrics = {
+            "hit_rate": float(self.hit_sum) / self.hit_steps if self.hit_steps else None,
+            "h2d_rows_per_step": self.h2d_rows / self.steps if self.steps else None,
+            "effective_rank": float(self.r),
+        }
+        if self.state == "factorized":  # device-resident state / dense KV cache (A_K alone: G r / (2 d), spec B6)
+            Hq, d = self.Kh.shape[1], self.Kh.shape[-1]
+            state = Hq * (self.ak_len * self.r + 2 * self.r * d + (self.k + self.n) * 2 * d)
+            metrics["gpu_memory_ratio"] = state / (self.info.num_kv_heads * self.length * 2 * d)
+        return metrics
