@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench figures clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -25,6 +25,9 @@ test: install
 
 bench: install
 	$(PY) scripts/bench_summaries.py --tokens 65536 --dim 128 --out results/bench_summaries.json
+
+figures: install
+	$(PY) paper_figs/make_all.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

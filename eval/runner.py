@@ -1,6 +1,7 @@
 """One benchmark run: model + method + benchmark -> predictions.jsonl, metrics.json, a printed score table."""
 from __future__ import annotations
 
+import fcntl
 import importlib.metadata
 import json
 import platform
@@ -36,8 +37,6 @@ def seed_everything(seed: int) -> None:
 
 def run_benchmark(config: dict, cfg) -> dict:
     """config: the resolved config as a plain dict; cfg: the same as an OmegaConf object (for group access)."""
-    from locks.models import load_model
-
     method = method_spec(config["method"])
     # Validate the method's parameters before any expensive work (every layer takes the same arguments).
     method.build(LayerInfo(0, 1, 1, 64, 0.125))
@@ -48,6 +47,16 @@ def run_benchmark(config: dict, cfg) -> dict:
     key = run_key(config)
     out_dir = Path(config["paths"]["runs_dir"]) / run_dir_name(config)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # One job at a time per run directory: FullKV's budgets share one key, and a requeued job may overlap its
+    # predecessor; the second waits here, then finds the results complete and skips.
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _run_in(out_dir, config, cfg, method, benchmark, key)
+
+
+def _run_in(out_dir: Path, config: dict, cfg, method: MethodSpec, benchmark, key: str) -> dict:
+    from locks.models import load_model
+
     with open(out_dir / "config.yaml", "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
     pred_path, metrics_path = out_dir / "predictions.jsonl", out_dir / "metrics.json"
@@ -56,6 +65,12 @@ def run_benchmark(config: dict, cfg) -> dict:
         n = sum(stored["num_samples"].values())
         print(f"run directory: {out_dir}  ({n} samples done, 0 to go)")
         print(f"skipped: results exist in {out_dir}")
+        logger = build_logger(cfg.logger, config, key, out_dir, run_dir_name(config))
+        try:  # (re)log the stored results, so a sweep's W&B group is complete even when jobs were skipped
+            logger.log_summary(stored)
+            logger.log_results_dir()
+        finally:
+            logger.finish()
         print(score_table(stored))
         return stored
 
@@ -89,6 +104,7 @@ def run_benchmark(config: dict, cfg) -> dict:
         write_json_atomic(metrics_path, metrics)
         logger.log_samples(done)
         logger.log_summary(metrics)
+        logger.log_results_dir()
     finally:
         logger.finish()
     print(score_table(metrics))

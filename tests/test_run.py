@@ -95,6 +95,12 @@ def test_wandb_offline_run_holds_the_summary(tmp_path):
     log = next(offline[0].glob("run-*.wandb")).read_bytes()
     for key in (b"score/niah_single_1", b"bytes_read_ratio", b"attended_fraction", b"budget_mode"):
         assert key in log
+    assert b"results-" + metrics["run_key"][:16].encode() in log  # the result files as an artifact
+    # a second submission of the same job skips the run but logs its stored results to the same W&B run id
+    again = run(args, tmp_path)
+    assert again.returncode == 0 and "skipped: results exist" in again.stdout, again.stderr[-3000:]
+    assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2
+    assert all(metrics["run_key"][:16] in p.name for p in run_dir.glob("wandb/offline-run-*"))
 
 
 @pytest.mark.parametrize("args,expected", [

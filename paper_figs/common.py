@@ -1,0 +1,61 @@
+"""Shared by the paper_figs scripts: argument parsing, input lookup and the "missing results" line. All loading,
+tables and plotting come from eval/report.py. Scripts read only result files under --results (default results/)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from eval import report  # noqa: E402  (after the path is set)
+
+LONGBENCH_BUDGETS = [64, 128, 256, 512, 1024, 2048]
+INFINITEBENCH_BUDGETS = [512, 2048]
+ALL_METHODS = "fullkv,oracle,locks,quest,shadowkv,rocketkv,lrqk"
+BENCH_DECODE_CMD = ("python scripts/bench_decode.py --out results/gpu/bench_decode.jsonl   "
+                    "# on a GPU: contexts 128K/256K/1M, llama and glm shapes, batch 1 and 4")
+
+
+def parse_args(doc: str, argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=ROOT / "results", help="the results directory (default results/)")
+    ap.add_argument("--out", type=Path, default=ROOT / "paper_figs" / "out", help="default paper_figs/out/")
+    return ap.parse_args(argv)
+
+
+def missing(name: str, what: str, command: str) -> int:
+    """The one line a script prints when its results are not committed yet; it then exits 0 (no numbers invented)."""
+    print(f"{name}: skipped, missing {what}; produce it with: {command}")
+    return 0
+
+
+def runs_in(directory: Path):
+    """The runs (report.load_runs) under a directory, or None when it does not exist or holds no metrics files."""
+    if not directory.is_dir():
+        return None
+    files, _ = report.find_result_files([directory])
+    try:
+        return report.load_runs([directory], progress=False, files=files)
+    except report.DuplicateRunError:
+        raise
+    except report.ReportError:
+        return None
+
+
+def latency_in(directory: Path):
+    """bench_decode.py measurement records under a directory (GPU only), or None when there are none."""
+    if not directory.is_dir():
+        return None
+    files = sorted(directory.rglob("*.jsonl"))
+    lat = report.load_latency(files, progress=False) if files else None
+    return lat if lat is not None and len(lat) else None
+
+
+def rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)

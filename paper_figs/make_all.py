@@ -1,0 +1,45 @@
+"""Regenerate every paper figure and table into paper_figs/out/ (`make figures`). Each script reads only committed
+files under results/ and, when its inputs are not there yet, prints one line naming them and the command that
+produces them. Exits non-zero only if a script fails.
+
+    python paper_figs/make_all.py [--results results] [--out paper_figs/out]
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bytes_per_step  # noqa: E402
+import infinitebench_table  # noqa: E402
+import latency_speedup  # noqa: E402
+import longbench_curve  # noqa: E402
+import ruler_embedded  # noqa: E402
+from common import parse_args  # noqa: E402
+
+SCRIPTS = [ruler_embedded, infinitebench_table, longbench_curve, latency_speedup, bytes_per_step]
+
+
+def main(argv=None) -> int:
+    args = parse_args(__doc__, argv)
+    forwarded = ["--results", str(args.results), "--out", str(args.out)]
+    failed = []
+    for mod in SCRIPTS:
+        name = mod.__name__
+        try:
+            rc = mod.main(forwarded)
+        except Exception:  # report every script, then fail
+            traceback.print_exc()
+            rc = 1
+        if rc:
+            failed.append(name)
+    if failed:
+        print(f"make_all: failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
