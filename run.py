@@ -7,10 +7,26 @@ from omegaconf import DictConfig, OmegaConf
 from locks.selector import ConfigError
 
 
+def run_profile(cfg: DictConfig) -> None:
+    """`job: profile` (conf/experiment/paper_latency.yaml): the GPU decode benchmark, scripts/bench_decode.py."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).parent / "scripts" / "bench_decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    p = cfg.profile
+    argv = ["--out", str(p.out), "--budget", str(cfg.budget), "--reps", str(p.reps),
+            "--contexts", *map(str, p.contexts), "--shapes", *p.shapes, "--batch", *map(str, p.batch)]
+    sys.exit(bench.main(argv + (["--dry-run"] if p.dry_run else [])))
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from eval.runner import run_benchmark
 
+    if cfg.get("job", "benchmark") == "profile":
+        return run_profile(cfg)
     try:
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         run_benchmark(config, cfg)

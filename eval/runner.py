@@ -42,7 +42,8 @@ def run_benchmark(config: dict, cfg) -> dict:
     method.build(LayerInfo(0, 1, 1, 64, 0.125))
     if not method.selector_class().uses_budget:
         # FullKV: the budget changes nothing, so it is left out of the run key and one run serves a whole sweep
-        config = {**config, "budget": None, "method": {**config["method"], "budget": None}}
+        method_cfg = {k: v for k, v in config["method"].items() if k != "budget_mode"}
+        config = {**config, "budget": None, "method": {**method_cfg, "budget": None}}
     benchmark = build_benchmark(cfg.benchmark)
     key = run_key(config)
     out_dir = Path(config["paths"]["runs_dir"]) / run_dir_name(config)

@@ -12,7 +12,10 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer
 
-from locks.selector import LayerInfo, MethodSpec, Selector, StepStats, resolve_backend
+from locks.selector import ConfigError, LayerInfo, MethodSpec, Selector, StepStats, resolve_backend
+
+# transformers model types whose RoPE is k*cos + rotate_half(k)*sin over the full head dim (what rotate/unrotate invert)
+ROTATE_HALF_MODELS = {"llama", "mistral", "qwen2"}
 
 
 def prefill_backend(device, dtype) -> str:
@@ -148,6 +151,7 @@ class SelectorCache(Cache):
         super().__init__(layers=[SelectorLayer(method.build(info)) for info in infos])
         self.infos = infos
         self.rotary_emb = model.model.rotary_emb
+        self.model_type = getattr(config, "model_type", None)
         self.phase = "prefill"
         self.max_new_tokens: int | None = None  # set by `generate` before the prefill
         self.max_length = int(getattr(config, "max_position_embeddings", 0)) or None
@@ -166,8 +170,15 @@ class SelectorCache(Cache):
                     sums.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in sums.items()}
 
+    def _check_rope(self) -> None:
+        if self.model_type not in ROTATE_HALF_MODELS:
+            raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the full-width rotate_half RoPE "
+                              f"of {sorted(ROTATE_HALF_MODELS)}; model_type {self.model_type!r} rotates differently "
+                              f"(e.g. GLM: interleaved, half the head dim), so this method cannot run on it yet")
+
     def rotate(self, keys: Tensor, positions: Tensor) -> Tensor:
         """Post-RoPE keys from pre-RoPE keys [B, Hkv, n, d] at `positions` [B, n] (Llama rotate_half RoPE)."""
+        self._check_rope()
         cos, sin = self.rotary_emb(keys, position_ids=positions)
         cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
         k = keys.float()
@@ -182,6 +193,7 @@ class SelectorCache(Cache):
         (cos = m cos(theta), sin = m sin(theta)). Rotating back by -theta gives
         k'*cos - rotate_half(k')*sin = m^2 k, and m^2 = cos^2 + sin^2 elementwise, hence the division.
         """
+        self._check_rope()
         cos, sin = self.rotary_emb(keys, position_ids=positions)
         cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
         k = keys.float()

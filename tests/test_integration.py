@@ -188,3 +188,10 @@ def test_flash_attn_prefill_path_matches_sdpa(tiny, monkeypatch):
     from locks.cache import prefill_backend
 
     assert prefill_backend("cpu", torch.float32) == "sdpa"
+
+
+def test_pre_rope_keys_refuse_models_with_another_rotary_layout(tiny):
+    cache = SelectorCache(tiny, MethodSpec("fullkv", 64))
+    cache.model_type = "glm"
+    with pytest.raises(ConfigError, match="rotate_half"):
+        cache.unrotate(torch.randn(1, 2, 3, 16), torch.arange(3)[None])

@@ -161,3 +161,25 @@ def test_fullkv_runs_once_for_every_budget_of_a_sweep(tmp_path):
     runs = [p for p in tmp_path.iterdir() if (p / "config.yaml").exists()]
     assert len(runs) == 1 and "_fullkv_full_" in runs[0].name
     assert json.loads((runs[0] / "metrics.json").read_text())["budget"] is None
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("paper_infinitebench", {"model": "glm4_9b_chat_1m", "benchmark": "infinitebench"}),
+    ("paper_longbench", {"model": "llama3_1_8b_instruct", "benchmark": "longbench"}),
+    ("paper_ruler_lrqk", {"model": "llama3_1_8b_instruct", "benchmark": "ruler"}),
+    ("paper_latency", {"job": "profile"}),
+])
+def test_experiment_presets_compose(name, expected):
+    """conf/experiment/*.yaml reproduce the paper settings: each composes, picks its model/benchmark, and sweeps
+    only methods and budgets that exist."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose(config_name="config", overrides=[f"+experiment={name}"], return_hydra_config=True)
+    if "model" in expected:
+        assert cfg.model.name == expected["model"] and cfg.benchmark.name == expected["benchmark"]
+        params = cfg.hydra.sweeper.params
+        methods = params["method"].split(",")
+        assert "fullkv" in methods and all((ROOT / "conf" / "method" / f"{m}.yaml").exists() for m in methods)
+    else:
+        assert cfg.job == "profile" and list(cfg.profile.contexts) == [131072, 262144, 1048576]
