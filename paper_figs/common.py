@@ -15,8 +15,8 @@ from eval import report  # noqa: E402  (after the path is set)
 LONGBENCH_BUDGETS = [64, 128, 256, 512, 1024, 2048]
 INFINITEBENCH_BUDGETS = [512, 2048]
 ALL_METHODS = "fullkv,oracle,locks,quest,shadowkv,rocketkv,lrqk"
-BENCH_DECODE_CMD = ("python scripts/bench_decode.py --out results/gpu/bench_decode.jsonl   "
-                    "# on a GPU: contexts 128K/256K/1M, llama and glm shapes, batch 1 and 4")
+BENCH_DECODE_CMD = ("python run.py +experiment=paper_latency   # on a GPU: scripts/bench_decode.py at 128K/256K/1M, "
+                    "llama and glm shapes, batch 1 and 4, into results/gpu/decode.jsonl")
 
 
 def parse_args(doc: str, argv=None) -> argparse.Namespace:

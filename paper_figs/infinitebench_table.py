@@ -11,9 +11,9 @@ from common import ALL_METHODS, INFINITEBENCH_BUDGETS, missing, parse_args, rel,
 
 NAME = "infinitebench_table"
 MODEL = "glm4_9b_chat_1m"
-COMMAND = (f"python run.py model={MODEL} benchmark=infinitebench -m method={ALL_METHODS} "
-           f"budget={','.join(map(str, INFINITEBENCH_BUDGETS))} (copy the runs' metrics.json files into "
-           f"results/infinitebench_{MODEL}/)")
+COMMAND = (f"python run.py +experiment=paper_infinitebench  (= model={MODEL} benchmark=infinitebench -m "
+           f"method={ALL_METHODS} budget={','.join(map(str, INFINITEBENCH_BUDGETS))}; copy the runs' metrics.json "
+           f"files into results/infinitebench_{MODEL}/)")
 
 
 def main(argv=None) -> int:

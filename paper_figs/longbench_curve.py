@@ -12,10 +12,9 @@ from common import ALL_METHODS, LONGBENCH_BUDGETS, missing, parse_args, rel, rep
 
 NAME = "longbench_curve"
 MODEL = "llama3_1_8b_instruct"
-COMMAND = (f"python run.py model={MODEL} model.path=<Llama-3.1-8B-Instruct checkpoint> benchmark=longbench "
-           f"benchmark.data_dir=<LongBench data> -m method={ALL_METHODS} "
-           f"budget={','.join(map(str, LONGBENCH_BUDGETS))} (copy the runs' metrics.json files into "
-           f"results/longbench_{MODEL}/)")
+COMMAND = (f"python run.py +experiment=paper_longbench model.path=<Llama-3.1-8B-Instruct checkpoint>  (= "
+           f"benchmark=longbench -m method={ALL_METHODS} budget={','.join(map(str, LONGBENCH_BUDGETS))}; copy the "
+           f"runs' metrics.json files into results/longbench_{MODEL}/)")
 
 
 def main(argv=None) -> int:

@@ -13,8 +13,8 @@ import sys
 from common import missing, parse_args, rel, report, runs_in
 
 NAME = "ruler_embedded"
-COMMAND = ("python run.py -m method=fullkv,oracle,locks budget=128,2048 "
-           "(copy each outputs/runs/<run>/metrics.json to results/ruler_4k/<method>[_b<budget>].json)")
+COMMAND = ("python run.py -m method=fullkv,oracle,locks,quest,shadowkv,rocketkv,lrqk budget=128,512 "
+           "(copy each outputs/runs/<run>/metrics.json to results/ruler_4k_sweep/<method>[_b<budget>].json)")
 
 
 def main(argv=None) -> int:
