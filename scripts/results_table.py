@@ -11,7 +11,7 @@ import pandas as pd
 
 def row(path: Path) -> dict:
     m = json.loads(path.read_text())
-    method = m["method"]["name"] + ("" if m["method"]["name"] == "fullkv" else f" b={m['budget']}")
+    method = m["method"]["name"] + ("" if m.get("budget") is None or m["method"]["name"] == "fullkv" else f" b={m['budget']}")
     out = {"method": method}
     out.update({task: score for task, score in m["scores"].items()})
     out.update({
@@ -23,6 +23,13 @@ def row(path: Path) -> dict:
         "certificate": None if m.get("certificate") is None else round(m["certificate"], 4),
         "s/sample (CPU)": round(m["seconds_per_sample"], 1),
     })
+    if m.get("h2d_bytes_per_step"):
+        out["host→device MB/step"] = round(m["h2d_bytes_per_step"] / 1e6, 2)
+    shown = {"chunk_hit_rate": "hit rate", "hit_rate": "hit rate", "quest_union_ratio": "GQA union ratio",
+             "kept_fraction": "kept by stage 1"}
+    extras = [f"{label} {m['method_metrics'][k]:.3f}" for k, label in shown.items() if k in (m.get("method_metrics") or {})]
+    if extras:
+        out["method metrics"] = ", ".join(extras)
     return out
 
 
