@@ -170,20 +170,21 @@ class SelectorCache(Cache):
                     sums.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in sums.items()}
 
-    def _check_rope(self) -> None:
+    def _rope_terms(self, keys: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(k, rotate_half(k), cos, sin) in fp32 for keys [B, Hkv, n, d] at positions [B, n], with the layer's own
+        rotary embedding; only for models whose RoPE is the full-width rotate_half form."""
         if self.model_type not in ROTATE_HALF_MODELS:
             raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the full-width rotate_half RoPE "
                               f"of {sorted(ROTATE_HALF_MODELS)}; model_type {self.model_type!r} rotates differently "
                               f"(e.g. GLM: interleaved, half the head dim), so this method cannot run on it yet")
-
-    def rotate(self, keys: Tensor, positions: Tensor) -> Tensor:
-        """Post-RoPE keys from pre-RoPE keys [B, Hkv, n, d] at `positions` [B, n] (Llama rotate_half RoPE)."""
-        self._check_rope()
         cos, sin = self.rotary_emb(keys, position_ids=positions)
-        cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
         k = keys.float()
         half = k.shape[-1] // 2
-        rotated = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+        return k, torch.cat((-k[..., half:], k[..., :half]), dim=-1), cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+
+    def rotate(self, keys: Tensor, positions: Tensor) -> Tensor:
+        """Post-RoPE keys from pre-RoPE keys: k' = k*cos + rotate_half(k)*sin."""
+        k, rotated, cos, sin = self._rope_terms(keys, positions)
         return (k * cos + rotated * sin).to(keys.dtype)
 
     def unrotate(self, keys: Tensor, positions: Tensor) -> Tensor:
@@ -193,10 +194,5 @@ class SelectorCache(Cache):
         (cos = m cos(theta), sin = m sin(theta)). Rotating back by -theta gives
         k'*cos - rotate_half(k')*sin = m^2 k, and m^2 = cos^2 + sin^2 elementwise, hence the division.
         """
-        self._check_rope()
-        cos, sin = self.rotary_emb(keys, position_ids=positions)
-        cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
-        k = keys.float()
-        half = k.shape[-1] // 2
-        rotated = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+        k, rotated, cos, sin = self._rope_terms(keys, positions)
         return ((k * cos - rotated * sin) / (cos * cos + sin * sin)).to(keys.dtype)
