@@ -43,11 +43,16 @@ class LocksSelector(PageSelector):
 
     def scored_pages(self, query, keys, num_pages, forced, forced_log_mass):
         # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the
-        # candidate range [lo, hi): LOCKS's forced pages are always a prefix (sink) and a suffix (recent pages).
-        lo = next((p for p in range(num_pages) if p not in forced), num_pages)
-        hi = next((p + 1 for p in range(num_pages - 1, -1, -1) if p not in forced), lo)
-        contiguous = all(p not in forced for p in range(lo, hi))
-        if self.info.backend != "triton" or self.quant != "int" or forced_log_mass is not None or not contiguous:
+        # candidate range [lo, hi): LOCKS's forced pages are a prefix (sink) and a suffix (recent pages), so lo and
+        # hi are found by walking the (few) forced pages, never the page list (this runs every step in every layer).
+        if self.info.backend != "triton" or self.quant != "int" or forced_log_mass is not None:
+            return super().scored_pages(query, keys, num_pages, forced, forced_log_mass)
+        lo, hi = 0, num_pages
+        while lo in forced:
+            lo += 1
+        while hi > lo and hi - 1 in forced:
+            hi -= 1
+        if lo + (num_pages - hi) != len(forced):  # a forced page inside [lo, hi): the candidates are not a range
             return super().scored_pages(query, keys, num_pages, forced, forced_log_mass)
         from locks.kernels import locks_aggregated_scores
 
