@@ -98,7 +98,8 @@ def _run_in(out_dir: Path, config: dict, cfg, method: MethodSpec, benchmark, key
             run_key=key, method=config["method"], model=loaded.name, device=str(loaded.device),
             dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
             budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
-            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend=backend, prefill_backend=prefill_backend(loaded.device, loaded.dtype),
+            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend=backend,
+            prefill_backend=prefill_backend(loaded.device, loaded.dtype),
             versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
             python=platform.python_version(),
         )
