@@ -8,17 +8,27 @@ from locks.selector import ConfigError
 
 
 def run_profile(cfg: DictConfig) -> None:
-    """`job: profile` (conf/experiment/paper_latency.yaml): the GPU decode benchmark, scripts/bench_decode.py."""
+    """`job: profile` (conf/experiment/paper_latency.yaml): the GPU decode benchmarks, scripts/bench_decode.py (one
+    layer's decode attention) then scripts/bench_e2e.py (the CUDA-graph decode step of a whole random-weight model)."""
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).parent / "scripts" / "bench_decode.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
     p = cfg.profile
-    argv = ["--out", str(p.out), "--budget", str(cfg.budget), "--reps", str(p.reps),
-            "--contexts", *map(str, p.contexts), "--shapes", *p.shapes, "--batch", *map(str, p.batch)]
-    sys.exit(bench.main(argv + (["--dry-run"] if p.dry_run else [])))
+    dry = ["--dry-run"] if p.dry_run else []
+    rc = load("bench_decode").main(["--out", str(p.out), "--budget", str(cfg.budget), "--reps", str(p.reps),
+                                    "--contexts", *map(str, p.contexts), "--shapes", *p.shapes,
+                                    "--batch", *map(str, p.batch)] + dry)
+    if p.get("e2e_out"):
+        rc = max(rc, load("bench_e2e").main(["--out", str(p.e2e_out), "--budget", str(cfg.budget), "--reps",
+                                             str(p.reps), "--contexts", *map(str, p.contexts),
+                                             "--shapes", *p.shapes] + dry))
+    sys.exit(rc)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

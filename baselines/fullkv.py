@@ -9,3 +9,9 @@ class FullKVSelector(Selector):
 
     def select(self, query, keys, values) -> Selection:
         return Selection.all_tokens()
+
+    def static_decode_error(self):
+        return None
+
+    def select_static(self, query, keys, values, length) -> Selection:
+        return Selection.all_tokens()

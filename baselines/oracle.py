@@ -26,6 +26,9 @@ class OracleSelector(PageSelector):
         logits = torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, Hq // Hkv, d).float(), k) * self.info.scaling
         return torch.logsumexp(logits, dim=-1).reshape(B, Hq)
 
+    def static_decode_error(self):
+        return "oracle: an accuracy reference with no static (CUDA-graph) decode path (it reads all keys anyway)"
+
     def scoring_bytes(self, num_candidates):
         info = self.info
         return num_candidates * self.page_size * info.head_dim * info.kv_element_bytes

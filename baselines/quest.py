@@ -214,10 +214,87 @@ class QuestSelector(Selector):
         else:
             self._ratio_sum = self._ratio_sum + 1.0
             self._ratio_steps += 1
+        metadata_bytes = self._metadata_bytes(scored, k, sets)
+        return Selection(indices=tokens, valid=valid, forced_tokens=float(forced), metadata_bytes=float(metadata_bytes))
+
+    def _metadata_bytes(self, scored: int, k: int, sets: int) -> float:
         # spec 1.5, per KV head: min+max of every scored page (one pass for the G queries), one s-byte score per
         # (set, scored page), one 4-byte index per top-k page of each set
-        metadata_bytes = Hkv * (2 * d * s * scored + s * scored * sets + 4 * k * sets)
-        return Selection(indices=tokens, valid=valid, forced_tokens=float(forced), metadata_bytes=float(metadata_bytes))
+        info = self.info
+        s = info.kv_element_bytes
+        return float(info.num_kv_heads * (2 * info.head_dim * s * scored + s * scored * sets + 4 * k * sets))
+
+    # ----- static decode (kernel page rule): fixed shapes, the length only on the device --------------------------
+
+    def static_decode_error(self):
+        if self.page_rule != "kernel":
+            return "quest: static decode implements page_rule=kernel (the eval rule scores the open page too)"
+        return None
+
+    def start_static(self, capacity):
+        self.static_fits = -(-capacity // self.page_size) <= self.budget // self.page_size
+        if not self.dense:
+            self._reserve(self._max, -(-capacity // self.page_size))
+            self._max[:, :, self.num_pages :] = 0  # never-written pages hold finite values (their scores are masked)
+            self._min[:, :, self.num_pages :] = 0
+
+    def _append_static(self, keys: Tensor, length: Tensor) -> None:
+        """Fold the key at slot length - 1 into its page's max/min on the device (a new page starts from it)."""
+        position = length.reshape(1) - 1
+        page = torch.div(position, self.page_size, rounding_mode="floor")
+        key = keys.index_select(2, position)  # [B, Hkv, 1, d]
+        first = (position % self.page_size == 0).view(1, 1, 1, 1)
+        self._max.index_copy_(2, page, torch.where(first, key, torch.maximum(self._max.index_select(2, page), key)))
+        self._min.index_copy_(2, page, torch.where(first, key, torch.minimum(self._min.index_select(2, page), key)))
+
+    def select_static(self, query, keys, values, length):
+        """The kernel rule at the device length L: the top (budget // P - 1) pages among the complete pages before
+        the last one, plus the last (open) page, as a list of budget // P * P tokens; all tokens [0, L) while
+        ceil(L / P) <= budget // P. The union-ratio metric is not kept here."""
+        if self.dense:
+            return Selection.all_tokens()
+        self._append_static(keys, length)
+        if self.static_fits:
+            return Selection.all_tokens()
+        B, Hkv = keys.shape[:2]
+        P = self.page_size
+        page_budget = self.budget // P
+        dev = keys.device
+        L = length.reshape(())
+        num_pages = torch.div(L + P - 1, P, rounding_mode="floor")
+        capacity_pages = self._max.shape[2]
+        scores = self.page_bounds(query, capacity_pages)
+        scores = scores.masked_fill(torch.arange(capacity_pages, device=dev) >= num_pages - 1, float("-inf"))
+        if self.gqa == "group":
+            if self.group_reduce == "max":
+                scores = scores.amax(2, keepdim=True)
+            else:
+                scores = scores.sort(dim=2).values.sum(2, keepdim=True)
+        sets = scores.shape[2]
+        # torch.topk, not the eager path's stable sort of every page: a full sort per step would dominate the
+        # step at long context (ties between exactly equal bounds then go either way, as in the official select-k)
+        top = torch.topk(scores, page_budget - 1, dim=-1).indices
+        pages = torch.cat([top.sort(dim=-1).values, (num_pages - 1).expand(B, Hkv, sets, 1)], dim=-1)
+        tokens = pages_to_tokens(pages, P)
+        valid = tokens < L
+        everything = torch.arange(tokens.shape[-1], device=dev).expand_as(tokens)
+        fits = num_pages <= page_budget
+        tokens = torch.where(fits, everything, tokens)
+        valid = torch.where(fits, everything < L, valid)
+        return Selection(indices=tokens.masked_fill(~valid, 0), valid=valid)
+
+    def after_static_step(self, keys, values, length):
+        if not self.dense:
+            self.length = length
+
+    def static_step_cost(self, length):
+        P = self.page_size
+        num_pages = -(-length // P)
+        page_budget = self.budget // P
+        if self.dense or num_pages <= page_budget:
+            return 0.0, 0.0
+        sets = self.info.group_size if self.gqa == "per_head" else 1
+        return float(length - (num_pages - 1) * P), self._metadata_bytes(num_pages - 1, page_budget - 1, sets)
 
     def _record_union(self, pages: Tensor, valid: Tensor, num_pages: int, L: int) -> None:
         """Mean union size per KV head / mean per-head set size, accumulated on the device (no sync per step)."""

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-NOT_HASHED = ("logger", "paths", "hydra")
+# static_decode (eager steps or one captured CUDA graph) computes the same selections and attention up to float
+# rounding, like method.backend below; both are recorded in metrics.json (decode_mode, attn_backend)
+NOT_HASHED = ("logger", "paths", "hydra", "static_decode")
 
 
 def run_key(config: dict) -> str:

@@ -99,6 +99,7 @@ def _run_in(out_dir: Path, config: dict, cfg, method: MethodSpec, benchmark, key
             dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
             budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
             benchmark=benchmark.run_record(loaded.tokenizer), attn_backend=backend,
+            decode_mode=",".join(sorted({str(r.get("decode_mode", "eager")) for r in done})),
             prefill_backend=prefill_backend(loaded.device, loaded.dtype),
             versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
             python=platform.python_version(),
@@ -149,7 +150,8 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
     start = time.perf_counter()
     stop_ids = list(loaded.eos_token_ids) + [t for t in sample.get("stop_token_ids", []) if t not in loaded.eos_token_ids]
     out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids,
-                   min_new_tokens=int(sample.get("min_new_tokens", 0)))
+                   min_new_tokens=int(sample.get("min_new_tokens", 0)),
+                   static_decode=config.get("static_decode", False))
     seconds = time.perf_counter() - start
     prediction = tok.decode(out[0], skip_special_tokens=True)
     stats = cache.stats.summary()
@@ -164,6 +166,7 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
         "score": benchmark.score(prediction, sample),
         "generated_tokens": int(out.shape[1]),
         "seconds": round(seconds, 3),
+        "decode_mode": cache.decode_mode,
         **stats,
         "method_metrics": cache.extra_metrics(),
     }

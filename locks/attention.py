@@ -130,6 +130,8 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         selector.prefill(ctx)
         return out, None
 
+    if cache.phase == "decode_static":
+        return static_decode_step(query, key, value, cache, layer_idx, scaling), None
     if query.shape[2] != 1:
         raise ConfigError("decode steps take one token per sequence; set cache.phase='prefill' for prompts")
     if attention_mask is not None and attention_mask.dtype == torch.bool and not bool(attention_mask.all()):
@@ -174,3 +176,49 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
     certificate = sel.certify(lse) if (sel.certify is not None and lse is not None) else None
     cache.stats.add(stats, L, coverage, certificate)
     return out, None
+
+
+def masked_dense_decode(query: Tensor, keys: Tensor, values: Tensor, length: Tensor, scaling: float) -> Tensor:
+    """Attention of query [B, Hq, d] over the first `length` ([1] device tensor) of the preallocated keys/values
+    [B, Hkv, capacity, d] -> [B, Hq, d]: SDPA (GQA-native) with a boolean mask, fixed shapes at every length."""
+    mask = torch.arange(keys.shape[2], device=keys.device) < length
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.unsqueeze(2), keys, values, attn_mask=mask.view(1, 1, 1, -1), scale=scaling, enable_gqa=True)
+    return out[:, :, 0]
+
+
+def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer_idx: int, scaling: float) -> Tensor:
+    """One layer of a static decode step (capturable in a CUDA graph): keys/values are the preallocated cache with
+    `cache.static_length` valid slots; the selector's `select_static` picks a fixed-size token list, attended by
+    the fused kernel (backend triton) or the reference. The attended tokens per KV head are added to
+    `cache.static_attended` on the device. -> [B, 1, Hq, d]."""
+    selector = cache.selector(layer_idx)
+    length = cache.static_length
+    q = query[:, :, 0].detach()
+    sel = selector.select_static(q, keys, values, length)
+    triton = cache.backend == "triton"
+    B, Hq = q.shape[:2]
+    if sel.dense:
+        if triton:
+            from locks.kernels import full_decode
+
+            out, _ = full_decode(q, keys, values, scaling, length=length)
+        else:
+            out = masked_dense_decode(q, keys, values, length, scaling)
+        attended = length.to(torch.float64)
+        coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
+    else:
+        if triton:
+            from locks.kernels import sparse_decode as fused_sparse_decode
+
+            out, lse = fused_sparse_decode(q, keys, values, sel, scaling)
+        else:
+            out, lse = sparse_decode(q, keys, values, sel, scaling)
+        attended = attended_per_kv_head(sel, keys.shape[2]).mean().to(torch.float64).reshape(1)
+        if cache.measure_coverage:
+            alive = (torch.arange(keys.shape[2], device=q.device) < length).expand(B, keys.shape[1], -1)
+            coverage = torch.exp(lse - dense_lse(q, keys, scaling, alive)).sum().to(torch.float64).reshape(1)
+    cache.static_attended[layer_idx : layer_idx + 1].add_(attended)
+    if cache.measure_coverage:
+        cache.static_coverage[layer_idx : layer_idx + 1].add_(coverage)
+    return out.unsqueeze(1)

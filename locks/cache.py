@@ -2,7 +2,9 @@
 
 The cache never evicts physically: `get_seq_length()` is always the logical length (so RoPE positions stay right,
 `integration.md` pitfall 3) and a selector that evicts marks tokens dead in `Selector.alive` instead. The runner sets
-`cache.phase` ("prefill" / "decode") explicitly; the attention function reads it (pitfall 9).
+`cache.phase` ("prefill" / "decode") explicitly; the attention function reads it (pitfall 9). For a static decode
+(`locks/static_decode.py`) `start_static` preallocates every layer for the whole generation and sets the phase to
+"decode_static": the new token's slot and the valid length are then device tensors, not Python state.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class SelectorLayer(DynamicLayer):
         super().__init__()
         self.selector = selector
         self.length = 0
+        self.static_position: Tensor | None = None  # static decode: [1] int64 slot of the token being decoded
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
@@ -42,18 +45,24 @@ class SelectorLayer(DynamicLayer):
         self._v = value_states.new_empty(B, H, 0, value_states.shape[-1])
         self.is_initialized = True
 
-    def _grow(self, needed: int) -> None:
+    def _grow(self, needed: int, exact: bool = False) -> None:
+        """exact=True (static decode): exactly `needed` slots, zero-filled (masked slots must hold finite values)."""
         capacity = self._k.shape[2]
-        if needed <= capacity:
+        if needed <= capacity and not (exact and needed != capacity):
             return
-        new_capacity = max(needed, 2 * capacity, 256)
+        new_capacity = needed if exact else max(needed, 2 * capacity, 256)
         for name in ("_k", "_v"):
             old = getattr(self, name)
-            buf = old.new_empty(old.shape[0], old.shape[1], new_capacity, old.shape[3])
+            make = old.new_zeros if exact else old.new_empty
+            buf = make(old.shape[0], old.shape[1], new_capacity, old.shape[3])
             buf[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, buf)
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if self.static_position is not None:  # static decode: write the slot named on the device, return all slots
+            self._k.index_copy_(2, self.static_position, key_states)
+            self._v.index_copy_(2, self.static_position, value_states)
+            return self._k, self._v
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
@@ -89,6 +98,11 @@ class DecodeStats:
     certificate_sum: float = 0.0
     plugin_sum: float = 0.0
     certificate_count: int = 0
+
+    def add_attended(self, tokens: float, kv_bytes: float) -> None:
+        """Attended tokens and their K/V bytes summed over layer-steps, counted on the device (static decode)."""
+        self.attended_tokens += tokens
+        self.bytes_read += kv_bytes
 
     def add(self, s: StepStats, context: int, coverage: Tensor | None, certificate: dict | None = None) -> None:
         self.layer_steps += 1
@@ -157,6 +171,69 @@ class SelectorCache(Cache):
         self.max_length = int(getattr(config, "max_position_embeddings", 0)) or None
         self.measure_coverage = measure_coverage
         self.stats = DecodeStats()
+        self.decode_mode = "eager"  # set by `generate`: eager | static | cuda_graph
+
+    # ----- static decode (locks/static_decode.py) -------------------------------------------------------------------
+
+    def start_static(self, capacity: int) -> None:
+        """After the prefill: preallocate every layer's K/V (and its selector's state) for `capacity` tokens and
+        switch to the static decode phase, whose steps have the same shapes and launch the same kernels at every
+        length (the token's slot and the valid length are device tensors set by `set_static_position`)."""
+        errors = sorted({e for layer in self.layers if (e := layer.selector.static_decode_error()) is not None})
+        if errors:
+            raise ConfigError("static (CUDA-graph) decode is not available: " + "; ".join(errors))
+        length = self.get_seq_length()
+        if capacity <= length:
+            raise ConfigError(f"static decode capacity {capacity} must exceed the cached length {length}")
+        device = self.layers[0]._k.device
+        self.static_position = torch.zeros(1, dtype=torch.long, device=device)
+        self.static_length = torch.ones(1, dtype=torch.long, device=device)
+        self.static_attended = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
+        self.static_coverage = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
+        self.static_steps = 0
+        for layer in self.layers:
+            layer._grow(capacity, exact=True)
+            layer.static_position = self.static_position
+            layer.selector.start_static(layer._k.shape[2])
+        self.capacity = self.layers[0]._k.shape[2]
+        self.phase = "decode_static"
+
+    def static_counters(self) -> list[Tensor]:
+        """The device tensors a static step accumulates into (attended tokens, coverage per layer)."""
+        return [self.static_attended, self.static_coverage]
+
+    def set_static_position(self, position: int) -> None:
+        """Before a static step: the new token goes to slot `position`, so `position + 1` tokens are valid."""
+        if position >= self.capacity:
+            raise ConfigError(f"static decode ran out of preallocated cache ({self.capacity} tokens)")
+        self.static_position.fill_(position)
+        self.static_length.fill_(position + 1)
+
+    def finish_static_step(self) -> None:
+        """After a static step (outside the graph): advance the host-side lengths, let each selector do its host
+        upkeep (e.g. summarize a page the step completed) and account the step."""
+        self.static_steps += 1
+        for layer, info in zip(self.layers, self.infos):
+            layer.length += 1
+            L = layer.length
+            layer.selector.after_static_step(layer._k, layer._v, L)
+            forced, metadata = layer.selector.static_step_cost(L)
+            self.stats.add(StepStats(attended_tokens=0.0, forced_tokens=forced, metadata_bytes=metadata, kv_bytes=0.0,
+                                     h2d_bytes=0.0, full_bytes=2.0 * L * info.head_dim * info.kv_element_bytes
+                                     * info.num_kv_heads), L, None)
+
+    def finish_static(self) -> None:
+        """After the last static step: fold the attended tokens counted on the device into the stats (one read)."""
+        info = self.infos[0]
+        tokens = float(self.static_attended.sum())
+        self.stats.add_attended(tokens, 2.0 * tokens * info.head_dim * info.kv_element_bytes * info.num_kv_heads)
+        if self.measure_coverage and self.static_steps:
+            batch = self.layers[0]._k.shape[0]
+            self.stats.coverage_sum += float(self.static_coverage.sum())
+            self.stats.coverage_count += self.static_steps * len(self.layers) * batch * info.num_heads
+        for counter in self.static_counters():
+            counter.zero_()
+        self.static_steps = 0
 
     def selector(self, layer_idx: int) -> Selector:
         return self.layers[layer_idx].selector

@@ -8,7 +8,8 @@ decode, when a page's last token arrives (A2); the partial page is attended dens
 """
 from locks.pages import PageSelector
 from locks.selector import ConfigError, register
-from locks.summaries import build_summaries, concat_summaries, page_scores, score_bound, summary_bytes_per_page
+from locks.summaries import (build_summaries, concat_summaries, page_scores, preallocate_summaries, score_bound,
+                             summary_bytes_per_page, write_summaries)
 
 
 @register
@@ -40,6 +41,29 @@ class LocksSelector(PageSelector):
                                   head_mean=self.summaries.head_mean)
             self.summaries = concat_summaries(self.summaries, new)
             self.pages_built = pages
+
+    def start_static(self, capacity):
+        super().start_static(capacity)
+        self.summaries = preallocate_summaries(self.summaries, self.static_pages)
+
+    def after_static_step(self, keys, values, length):
+        # Pages complete on the host's schedule: a step that fills page j writes it here, after the step; j is a
+        # recent (forced) page at the next steps, so no step scores a page before its summary exists.
+        n = self.page_size
+        pages = length // n
+        if pages > self.pages_built:
+            new = build_summaries(keys[:, :, self.pages_built * n : pages * n], n, self.rank, self.quant,
+                                  head_mean=self.summaries.head_mean)
+            write_summaries(self.summaries, new, self.pages_built)
+            self.pages_built = pages
+
+    def static_candidate_scores(self, query, keys, lo, hi):
+        if self.info.backend != "triton" or self.quant != "int":
+            return super().static_candidate_scores(query, keys, lo, hi)
+        from locks.kernels import locks_aggregated_scores
+
+        return locks_aggregated_scores(query, self.summaries, self.info.scaling, self.info.group_size,
+                                       mode=self.aggregation, lo=lo, hi=hi)
 
     def scored_pages(self, query, keys, num_pages, forced, forced_log_mass):
         # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the

@@ -100,20 +100,22 @@ class PageSelector(Selector):
         order += [p for p in range(num_pages - 1, max(num_pages - 1 - recent, -1), -1) if p not in order]
         return order[:room]
 
-    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
-        B, Hkv, L, _ = keys.shape
+    def _plan(self, L: int) -> tuple[int, int, list[int], int, int]:
+        """(complete pages, tail tokens, forced pages, pages to choose, max tokens) at context length L."""
         n = self.page_size
         num_pages, tail = divmod(L, n)
-        device = keys.device
         if self.budget_mode == "fair":
             room = (self.budget - tail) // n  # the partial page always fits: budget >= page_size > tail
             forced = self.forced_pages(num_pages, room)
-            k_pages = room - len(forced)
-            max_tokens = self.budget
-        else:
-            forced = []
-            k_pages = self.budget // n
-            max_tokens = k_pages * n + n - 1
+            return num_pages, tail, forced, room - len(forced), self.budget
+        k_pages = self.budget // n
+        return num_pages, tail, [], k_pages, k_pages * n + n - 1
+
+    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
+        B, Hkv, L, _ = keys.shape
+        n = self.page_size
+        device = keys.device
+        num_pages, tail, forced, k_pages, max_tokens = self._plan(L)
         num_candidates = num_pages - len(forced)
         forced_tokens = len(forced) * n + tail
         tail_idx = torch.arange(num_pages * n, L, device=device).expand(B, Hkv, tail)
@@ -142,6 +144,74 @@ class PageSelector(Selector):
             valid = torch.cat([valid, valid.new_zeros(B, Hkv, pad)], -1)
         return Selection(indices=tokens.unsqueeze(2), valid=valid.unsqueeze(2), forced_tokens=float(forced_tokens),
                          metadata_bytes=float(metadata_bytes), certify=certify)
+
+    # ----- static decode: the same selection with fixed shapes, the length only on the device --------------------
+
+    @property
+    def recent_pages(self) -> int:
+        return -(-self.recent_window // self.page_size)
+
+    def static_decode_error(self) -> str | None:
+        n, S, R = self.page_size, self.sink_pages, self.recent_pages
+        if self.budget_mode != "fair":
+            return f"{self.name}: static decode implements budget_mode=fair"
+        if R < 1:
+            # the page a step completes is summarized after the step, so it must be a forced (recent) page then
+            return f"{self.name}: static decode needs recent_window >= 1"
+        if self.budget < (S + R + 2) * n:
+            return (f"{self.name}: static decode needs budget >= (sink_pages + ceil(recent_window / page_size) + 2) "
+                    f"* page_size = {(S + R + 2) * n} (got {self.budget})")
+        return None
+
+    def start_static(self, capacity: int) -> None:
+        self.static_pages = capacity // self.page_size  # complete pages the preallocated cache can hold
+        self.static_fits = capacity <= self.budget  # the whole generation fits in the budget: attend everything
+
+    def static_candidate_scores(self, query: Tensor, keys: Tensor, lo: int, hi: Tensor) -> Tensor:
+        """A [B, Hkv, P] over all preallocated pages, -inf outside the candidates [lo, hi) (hi on the device)."""
+        P = self.static_pages
+        scores = self.page_scores(query, keys, P)
+        pages = torch.arange(P, device=query.device)
+        candidates = ((pages >= lo) & (pages < hi)).expand(query.shape[0], keys.shape[1], P)
+        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates)
+
+    def select_static(self, query: Tensor, keys: Tensor, values: Tensor, length: Tensor) -> Selection:
+        """`select` at the device length L, fixed shapes. Token list ((budget // n) + 1) * n long: the top pages
+        (Kt = budget // n - S - R slots, the last one invalid when the partial page leaves room for one page less),
+        the S sink and R recent pages, then the n slots of the partial page (valid below L). While L <= budget
+        everything fits and the list is simply tokens [0, L)."""
+        if self.static_fits:
+            return Selection.all_tokens()
+        B, Hkv = keys.shape[:2]
+        n, S, R, P = self.page_size, self.sink_pages, self.recent_pages, self.static_pages
+        Kt = self.budget // n - S - R
+        dev = keys.device
+        L = length.reshape(())
+        num_pages = torch.div(L, n, rounding_mode="floor")
+        tail = L - num_pages * n
+        k_pages = torch.div(self.budget - tail, n, rounding_mode="floor") - S - R  # Kt or Kt - 1
+        agg = self.static_candidate_scores(query, keys, S, num_pages - R)
+        top = torch.topk(agg, Kt, dim=-1).indices
+        top = torch.where(torch.arange(Kt, device=dev) < k_pages, top, P)  # P marks the unused slot, sorts last
+        forced = torch.cat([torch.arange(S, device=dev), num_pages - 1 - torch.arange(R, device=dev)])
+        pages = torch.cat([top, forced.expand(B, Hkv, S + R)], -1).sort(dim=-1).values
+        tokens = pages_to_tokens(pages.clamp(max=P - 1), n)
+        valid = (pages < P).repeat_interleave(n, dim=-1)
+        offsets = torch.arange(n, device=dev)
+        tokens = torch.cat([tokens, (num_pages * n + offsets).expand(B, Hkv, n)], -1)
+        valid = torch.cat([valid, (offsets < tail).expand(B, Hkv, n)], -1)
+        everything = torch.arange(tokens.shape[-1], device=dev).expand_as(tokens)
+        fits = L <= self.budget
+        tokens = torch.where(fits, everything, tokens)
+        valid = torch.where(fits, everything < L, valid)
+        tokens = tokens.masked_fill(~valid, 0)
+        return Selection(indices=tokens.unsqueeze(2), valid=valid.unsqueeze(2))
+
+    def static_step_cost(self, length: int) -> tuple[float, float]:
+        num_pages, tail, forced, k_pages, _ = self._plan(length)
+        num_candidates = num_pages - len(forced)
+        metadata = self.scoring_bytes(num_candidates) * self.info.num_kv_heads if k_pages < num_candidates else 0.0
+        return float(len(forced) * self.page_size + tail), float(metadata)
 
     def scored_pages(self, query: Tensor, keys: Tensor, num_pages: int, forced: set[int],
                      forced_log_mass: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -9,6 +9,13 @@ the method:
     append(keys, values)    once per decode step, after the cache grew by the new token(s)
     select(query, ...)      once per decode step: returns a `Selection` of token indices per (batch, KV head[, q head])
 
+Static decode (a decode step captured once as a CUDA graph and replayed, `locks/static_decode.py`) drives a selector
+through a second set of hooks over a cache preallocated for the whole generation: `start_static(capacity)` once
+after the prefill, then per step `select_static(query, keys, values, length)` inside the graph (fixed shapes, the
+valid length only as a device tensor, no host reads), and `after_static_step(keys, values, length)` outside it
+(Python-side upkeep such as building a completed page's summary) with `static_step_cost(length)` for the
+accounting. A selector that does not implement them says why in `static_decode_error()`.
+
 Budget convention (`specs/budgets.md`): `budget` = tokens whose exact K/V enter the softmax, forced tokens included,
 unless a method's `budget_mode == "paper"` says otherwise; the forced (always-attended) tokens are reported
 separately in `Selection.forced_tokens`, and metadata traffic in `Selection.metadata_bytes`.
@@ -144,6 +151,29 @@ class Selector(ABC):
         """Method-specific numbers of this layer for the current sample (hit rates, ...): name -> float.
         Averaged over layers per sample, then over samples, into metrics.json["method_metrics"]."""
         return {}
+
+    # ----- static decode (CUDA-graph capturable) ------------------------------------------------------------------
+
+    def static_decode_error(self) -> str | None:
+        """None if this selector implements the static-decode hooks below in its current configuration, else why not."""
+        return f"method {self.name!r} has no static (CUDA-graph) decode path"
+
+    def start_static(self, capacity: int) -> None:
+        """After the prefill: preallocate whatever state grows with the context for `capacity` cached tokens."""
+
+    def select_static(self, query: Tensor, keys: Tensor, values: Tensor, length: Tensor) -> Selection:
+        """Inside the captured step: keys/values are the preallocated cache [B, Hkv, capacity, d] whose first
+        `length` ([1] int64 on the device, the new token included) slots are valid. The result must have the same
+        shapes at every step and the code may not read device values on the host (no .item(), no bool(tensor))."""
+        raise NotImplementedError(self.static_decode_error())
+
+    def after_static_step(self, keys: Tensor, values: Tensor, length: int) -> None:
+        """Outside the graph, after each step: the cache now holds `length` tokens."""
+
+    def static_step_cost(self, length: int) -> tuple[float, float]:
+        """(forced tokens per KV head, metadata bytes over KV heads) of the step that attended at `length`
+        tokens, computed on the host (the attended tokens are counted on the device). Default: (0, 0)."""
+        return 0.0, 0.0
 
 
 SELECTORS: dict[str, type[Selector]] = {}

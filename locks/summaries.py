@@ -486,6 +486,31 @@ def concat_summaries(a: Summaries, b: Summaries) -> Summaries:
     return type(a)(**out)
 
 
+def preallocate_summaries(s: Summaries, pages: int) -> Summaries:
+    """`s` zero-padded along the page axis to `pages` pages (same type and head_mean): the fixed-size storage of a
+    static decode, whose later pages `write_summaries` fills in place."""
+    if pages < s.num_pages:
+        raise ValueError(f"cannot preallocate {pages} pages for summaries that already hold {s.num_pages}")
+    out = {}
+    for f in fields(s):
+        x = getattr(s, f.name)
+        if f.name != "head_mean":
+            buf = x.new_zeros(*x.shape[:2], pages, *x.shape[3:])
+            buf[:, :, : x.shape[2]] = x
+            x = buf
+        out[f.name] = x
+    return type(s)(**out)
+
+
+def write_summaries(dst: Summaries, src: Summaries, start: int) -> None:
+    """Copy the pages of `src` into `dst` at pages [start, start + src.num_pages), in place (same head_mean)."""
+    if type(dst) is not type(src):
+        raise TypeError(f"cannot write {type(src).__name__} into {type(dst).__name__}")
+    for f in fields(dst):
+        if f.name != "head_mean":
+            getattr(dst, f.name)[:, :, start : start + src.num_pages] = getattr(src, f.name)
+
+
 def dequantize(s: QuantizedPageSummaries) -> tuple[Tensor, Tensor, Tensor]:
     """(mu_hat [B,H,P,d], v_hat [B,H,P,d,r], c_hat [B,H,P,n,r]) fp32 with k^_i = mu_hat + v_hat @ c_hat_i.
 

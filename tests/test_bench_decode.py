@@ -74,3 +74,29 @@ def test_bench_decode_arguments():
     assert bench_decode.SHAPES == {"llama": (32, 8, 128), "glm": (32, 2, 128)}
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--reps", "5"])
+
+
+def test_bench_e2e_dry_run(tmp_path):
+    """scripts/bench_e2e.py --dry-run: random-weight GLM-shaped model, cache filled at 700 tokens, the static step
+    for FullKV / LOCKS / Quest (eager on CPU), its check against an eager run, and the e2e records."""
+    out = tmp_path / "e2e.jsonl"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_e2e.py"), "--dry-run", "--shapes", "glm",
+                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert recs[0]["kind"] == "run" and recs[0]["script"] == "bench_e2e"
+    e2e = {r["method"]: r for r in recs if r["kind"] == "e2e"}
+    checks = {r["method"]: r for r in recs if r["kind"] == "check"}
+    assert set(e2e) == set(checks) == {"fullkv", "locks", "quest"}
+    assert all(c["ok"] and c["max_rel_err"] <= 1e-2 for c in checks.values())
+    for method, r in e2e.items():
+        assert r["ms_graph"] > 0 and r["tokens_per_s"] > 0 and r["timing"] == "eager_static"
+        assert r["bytes_per_step"] > r["weights_bytes"] > 0
+    full = e2e["fullkv"]
+    assert full["attended_tokens"] > 700 and "speedup_vs_fullkv" not in full
+    assert e2e["locks"]["attended_tokens"] <= 128  # quest keeps its first 2 of the 3 layers dense
+    for method in ("locks", "quest"):  # budget 128 of ~710 tokens: fewer K/V bytes than FullKV
+        assert e2e[method]["attended_tokens"] < full["attended_tokens"]
+        assert e2e[method]["kv_and_metadata_bytes_per_step"] < full["kv_and_metadata_bytes_per_step"]
+        assert e2e[method]["byte_ceiling"] > 1 and e2e[method]["speedup_vs_fullkv"] > 0

@@ -125,6 +125,14 @@ def test_locks_aggregated_scores(case, mode):
         out_t = locks_aggregated_scores(q, s, scaling, G, mode, torch.tensor(lo, device=DEV),
                                         torch.tensor(hi, device=DEV))
     assert torch.equal(out_t, out)
+    # with device bounds the summaries of pages >= hi are not read (they may not exist yet in a static decode)
+    tail = {name: getattr(s, name).clone() for name in ("mu_scale", "w")}
+    s.mu_scale[:, :, hi:], s.w[:, :, hi:] = float("nan"), float("nan")
+    with poisoned():
+        out_n = locks_aggregated_scores(q, s, scaling, G, mode, lo, torch.tensor(hi, device=DEV))
+    for name, value in tail.items():
+        setattr(s, name, value)
+    assert torch.equal(out_n, out)
     # the selected page sets equal the reference's except for exact ties
     k = (hi - lo) // 3
     _topk_equal_except_ties(out, ref, k, 1e-5)
@@ -290,6 +298,12 @@ def test_full_decode(B, Hkv, G, d, L, dtype, length):
     with poisoned():
         out, lse = full_decode(q, k, v, d ** -0.5, length, block_n=32)
     assert rel_err(out, ref_out) <= TOL[dtype] and rel_err(lse, ref_lse) <= 1e-3
+    # the valid length read from a device tensor (static decode): same result; slots past it are never read
+    k_poison, v_poison = k.clone(), v.clone()
+    k_poison[:, :, n:], v_poison[:, :, n:] = float("nan"), float("nan")
+    with poisoned():
+        out_t, lse_t = full_decode(q, k_poison, v_poison, d ** -0.5, torch.tensor([n], device=DEV), block_n=32)
+    assert rel_err(out_t, ref_out) <= TOL[dtype] and rel_err(lse_t, ref_lse) <= 1e-3
     # FullKV also equals the dense SDPA math (GQA-native) on the original dtype
     sdpa = torch.nn.functional.scaled_dot_product_attention(
         q.float().unsqueeze(2), k[:, :, :n].float(), v[:, :, :n].float(), scale=d ** -0.5, enable_gqa=True)
@@ -317,6 +331,12 @@ def test_paged_decode(G, d, dtype, per_head):
     with poisoned():
         out, lse = paged_decode(q, k, v, pages.int(), d ** -0.5, pvalid, page_size=n, block_n=32, num_splits=2)
     assert rel_err(out, ref_out) <= TOL[dtype] and rel_err(lse, ref_lse) <= 1e-3
+    # a preallocated cache with more slots than valid tokens, the length on the device: same result
+    k_big, v_big = (torch.cat([x, torch.full_like(x[:, :, :40], float("nan"))], 2) for x in (k, v))
+    with poisoned():
+        out_t, lse_t = paged_decode(q, k_big, v_big, pages.int(), d ** -0.5, pvalid, page_size=n,
+                                    length=torch.tensor(L, device=DEV), block_n=32, num_splits=2)
+    assert rel_err(out_t, ref_out) <= TOL[dtype] and rel_err(lse_t, ref_lse) <= 1e-3
 
 
 def test_locks_fused_step_matches_reference_step():

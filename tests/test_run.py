@@ -163,6 +163,27 @@ def test_fullkv_runs_once_for_every_budget_of_a_sweep(tmp_path):
     assert json.loads((runs[0] / "metrics.json").read_text())["budget"] is None
 
 
+def test_static_decode_run_matches_eager_run(tmp_path):
+    """static_decode=true (the CUDA-graph step, run eagerly on CPU) predicts what the eager run predicts, records its
+    decode mode, and shares the eager run's key (a finished eager run is not redone)."""
+    args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=1", "benchmark.tasks=[niah_multikey_3]"]
+    results = {}
+    for mode in ("false", "true"):
+        out = run(args + [f"static_decode={mode}"], tmp_path / mode)
+        assert out.returncode == 0, out.stderr[-3000:]
+        run_dir = the_run_dir(tmp_path / mode)
+        results[mode] = (run_dir.name, read_rows(run_dir), json.loads((run_dir / "metrics.json").read_text()))
+    (name_e, rows_e, metrics_e), (name_s, rows_s, metrics_s) = results["false"], results["true"]
+    assert name_e == name_s and metrics_e["decode_mode"] == "eager" and metrics_s["decode_mode"] == "static"
+    assert [r["prediction"] for r in rows_s] == [r["prediction"] for r in rows_e]
+    assert metrics_s["bytes_read_per_step"] == pytest.approx(metrics_e["bytes_read_per_step"], rel=1e-12)
+    again = run(args + ["static_decode=true"], tmp_path / "false")
+    assert again.returncode == 0 and "0 to go" in again.stdout
+    bad = run(TINY + ["method=oracle", "static_decode=true", "benchmark.num_samples=1"], tmp_path / "oracle")
+    assert bad.returncode != 0 and "no static (CUDA-graph) decode path" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 @pytest.mark.parametrize("name,expected", [
     ("paper_infinitebench", {"model": "glm4_9b_chat_1m", "benchmark": "infinitebench"}),
     ("paper_longbench", {"model": "llama3_1_8b_instruct", "benchmark": "longbench"}),

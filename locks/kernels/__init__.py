@@ -12,6 +12,9 @@ Entry points (same signatures and results as their PyTorch references, plus keyw
 | same over page ids | `paged_decode(query, keys, values, pages, scaling, page_valid, page_size, length)` | idem, pages expanded to tokens |
 | FullKV decode (same kernel) | `full_decode(query, keys, values, scaling, length)` | idem over all tokens |
 
+`length` (paged / full decode) and the LOCKS candidate bounds may be device tensors: the kernels read them, so a CUDA
+graph captured over a preallocated cache replays at every length (`locks/static_decode.py`).
+
 Kernels run on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this package was imported
 (tests/conftest.py sets it when CUDA is unavailable). Importing this package needs `triton`.
 """

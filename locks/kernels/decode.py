@@ -14,7 +14,9 @@ the list in tiles of BLOCK_N tokens with the online softmax (fp32 running max m,
               < length (so the partial last page is just another page id); ~9/page_size index bytes per token;
     2 contig  all tokens [0, length): no index loads (FullKV decode).
 Invalid entries are never loaded and contribute nothing (logit -inf). The list length K is fixed per call, so a
-CUDA graph can replay it; indices are clamped to [0, L - 1] like the reference.
+CUDA graph can replay it; indices are clamped to [0, L - 1] like the reference. The valid `length` (pages, contig)
+may be a one-element device tensor instead of an int: the kernel reads it, so a graph captured over a preallocated
+cache of L slots replays with the current length (contig then walks the L slots and skips the tiles past length).
 `_combine_kernel` -- grid (B * Hq): merges the splits of one query head, out = sum_s e^{m_s - M} acc_s / L,
 lse = M + log L with L = sum_s e^{m_s - M} l_s; writes out in the query dtype and lse in fp32. A head with no valid
 token gets out = 0 and lse = -inf (the reference gives NaN there).
@@ -48,13 +50,15 @@ def _decode_split_kernel(
     k_ptr, stride_kb, stride_kh, stride_kl,
     v_ptr, stride_vb, stride_vh, stride_vl,
     idx_ptr, val_ptr, stride_ir,
-    acc_ptr, m_ptr, l_ptr,
+    acc_ptr, m_ptr, l_ptr, len_ptr,
     Hkv, GS, NG, D, K, length, L, TPS, NSPLIT, scaling,
-    MODE: tl.constexpr, PAGE: tl.constexpr, HAS_VALID: tl.constexpr,
+    MODE: tl.constexpr, PAGE: tl.constexpr, HAS_VALID: tl.constexpr, LENGTH_PTR: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr, SPLIT_P: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)  # ((b * Hkv + h) * GS + sub)
     sp = tl.program_id(1)
+    if LENGTH_PTR:  # the valid length lives on the device (static decode: a captured graph replays it per step)
+        length = tl.load(len_ptr).to(tl.int32)
     bkv = r // GS
     b = bkv // Hkv
     h = bkv % Hkv
@@ -76,6 +80,8 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     start0 = sp * TPS
     end = tl.minimum(start0 + TPS, K)
+    if MODE == 2:
+        end = tl.minimum(end, length)  # contiguous tokens: nothing at or past `length` is read
     for start in range(start0, end, BLOCK_N):
         offs = start + tl.arange(0, BLOCK_N)
         nmask = offs < end
@@ -94,7 +100,7 @@ def _decode_split_kernel(
             tok = tl.minimum(tl.maximum(tok, 0), L - 1)
         else:
             tok = offs.to(tl.int64)
-            ok = nmask
+            ok = nmask & (offs < length)
         kv_mask = ok[:, None] & dmask[None, :]
         kt = tl.load(k_base + tok[:, None] * stride_kl + dd[None, :], mask=kv_mask, other=0.0)
         if F32:
@@ -216,14 +222,15 @@ def _run(query, keys, values, scaling, mode, idx, valid, gs, K, length, page, nu
     lse = empty(B, Hq, dtype=torch.float32, device=dev)
     stride_ir = idx.shape[-1] if idx is not None else 0
     dummy = m
+    length_ptr = isinstance(length, Tensor)
     _decode_split_kernel[(rows, ns)](
         query, query.stride(0), query.stride(1),
         keys, keys.stride(0), keys.stride(1), keys.stride(2),
         values, values.stride(0), values.stride(1), values.stride(2),
         idx if idx is not None else dummy, valid if valid is not None else dummy, stride_ir,
-        acc, m, l,
-        Hkv, gs, ng, d, K, length, max(L, 1), tps, ns, float(scaling),
-        MODE=mode, PAGE=page, HAS_VALID=valid is not None,
+        acc, m, l, length if length_ptr else dummy,
+        Hkv, gs, ng, d, K, 0 if length_ptr else length, max(L, 1), tps, ns, float(scaling),
+        MODE=mode, PAGE=page, HAS_VALID=valid is not None, LENGTH_PTR=length_ptr,
         BLOCK_G=pow2(ng, 16), BLOCK_N=block_n, BLOCK_D=pow2(d, 16), F32=f32,
         SPLIT_P=values.dtype in (torch.bfloat16, torch.float16), num_warps=num_warps,
     )
@@ -271,7 +278,7 @@ def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel, scaling: flo
 
 
 def paged_decode(query: Tensor, keys: Tensor, values: Tensor, pages: Tensor, scaling: float,
-                 page_valid: Tensor | None = None, page_size: int = 16, length: int | None = None, *,
+                 page_valid: Tensor | None = None, page_size: int = 16, length: int | Tensor | None = None, *,
                  num_splits: int | None = None, block_n: int | None = None, num_warps: int = 4):
     """Same as `sparse_decode` with the selection given as page ids: pages [B, Hkv, Kp] or [B, Hkv, Gs, Kp]
     (int32/int64), page_valid of the same shape (bool) or None. Page j covers tokens [j*page_size, (j+1)*page_size)
@@ -282,17 +289,27 @@ def paged_decode(query: Tensor, keys: Tensor, values: Tensor, pages: Tensor, sca
     idx, valid, gs, Kp = _list_args(pages, page_valid, B, Hkv, Hq // Hkv, "pages")
     if idx.dtype not in (torch.int64, torch.int32):
         idx = idx.long()
-    length = L if length is None else min(int(length), L)
+    length = _length_arg(length, L)
     return _run(query, keys, values, scaling, _PAGES, idx, valid, gs, Kp * page_size, length, page_size, num_splits,
                 block_n, num_warps)
 
 
-def full_decode(query: Tensor, keys: Tensor, values: Tensor, scaling: float, length: int | None = None, *,
+def full_decode(query: Tensor, keys: Tensor, values: Tensor, scaling: float, length: int | Tensor | None = None, *,
                 num_splits: int | None = None, block_n: int | None = None, num_warps: int = 4):
     """FullKV decode with the same kernel: attention of each query head over tokens [0, length) (default: all),
     contiguous (no index loads). Returns (out [B, Hq, d] in query dtype, lse [B, Hq] fp32)."""
     query, keys, values = _check_kv(query, keys, values)
     L = keys.shape[2]
-    length = L if length is None else min(int(length), L)
-    return _run(query, keys, values, scaling, _CONTIG, None, None, 1, length, length, 1, num_splits, block_n,
-                num_warps)
+    length = _length_arg(length, L)
+    K = L if isinstance(length, Tensor) else length
+    return _run(query, keys, values, scaling, _CONTIG, None, None, 1, K, length, 1, num_splits, block_n, num_warps)
+
+
+def _length_arg(length, L: int):
+    """None -> L; an int -> min(length, L); a one-element int tensor on the device stays a tensor (read by the
+    kernel, so a captured CUDA graph replays with the current length; it must be <= L)."""
+    if isinstance(length, Tensor):
+        if length.numel() != 1:
+            raise ValueError(f"length must be an int or a one-element tensor (got shape {tuple(length.shape)})")
+        return length.reshape(1)
+    return L if length is None else min(int(length), L)

@@ -34,7 +34,9 @@ GQA aggregation (`locks_aggregated_scores`), exact two-pass scheme, candidate pa
 The forced-set log-mass option of `aggregate_heads` (used by the Oracle only) is not supported.
 
 Candidate bounds lo/hi are Python ints or int tensors on the device ([2] = (lo, hi), read by the kernels) so that a
-captured CUDA graph can be replayed with new bounds without recapture.
+captured CUDA graph can be replayed with new bounds without recapture. With device bounds the summaries of pages
+>= hi are not read at all (a static decode scores preallocated summaries whose tail pages do not exist yet), and
+their per-head scores S are meaningless.
 """
 from __future__ import annotations
 
@@ -102,6 +104,9 @@ def _locks_score_kernel(
 
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     pmask = offs_p < P
+    lmask = pmask  # pages whose summaries are read
+    if BOUNDS_PTR:  # device bounds (static decode over preallocated summaries): pages >= hi are not read
+        lmask = pmask & (offs_p < hi)
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
     dd = tl.arange(0, BLOCK_D)
@@ -119,22 +124,22 @@ def _locks_score_kernel(
     q_mh = tl.sum(q.to(tl.float32) * hm[None, :], axis=1)  # [BLOCK_G]
 
     page = bh * P + offs_p  # global page row (int64)
-    mu = tl.load(mu_ptr + page[:, None] * D + dd[None, :], mask=pmask[:, None] & dmask[None, :], other=0)
-    a = tl.load(mus_ptr + page, mask=pmask, other=0.0).to(tl.float32)
+    mu = tl.load(mu_ptr + page[:, None] * D + dd[None, :], mask=lmask[:, None] & dmask[None, :], other=0)
+    a = tl.load(mus_ptr + page, mask=lmask, other=0.0).to(tl.float32)
     mu_term = q_mh[:, None] + a[None, :] * _mm_t(q, mu, F32)  # [BLOCK_G, BLOCK_P]
 
     low = tl.zeros([BLOCK_G, BLOCK_P, N], dtype=tl.float32)
     for m in tl.static_range(R):
         vb = tl.load(v_ptr + (page * R + m)[:, None] * (D // 2) + kh[None, :],
-                     mask=pmask[:, None] & khmask[None, :], other=0).to(tl.int32)
+                     mask=lmask[:, None] & khmask[None, :], other=0).to(tl.int32)
         v_lo = vb & 15
         v_hi = (vb >> 4) & 15
         v_lo = tl.where(v_lo >= 8, v_lo - 16, v_lo)
         v_hi = tl.where(v_hi >= 8, v_hi - 16, v_hi)
         u = _mm_t(qe, v_lo, F32) + _mm_t(qo, v_hi, F32)  # [BLOCK_G, BLOCK_P]
-        wm = tl.load(w_ptr + page * R + m, mask=pmask, other=0.0)
+        wm = tl.load(w_ptr + page * R + m, mask=lmask, other=0.0)
         u = u * wm[None, :]
-        cm = tl.load(c_ptr + (page * N)[:, None] * R + ii[None, :] * R + m, mask=pmask[:, None], other=0)
+        cm = tl.load(c_ptr + (page * N)[:, None] * R + ii[None, :] * R + m, mask=lmask[:, None], other=0)
         low += u[:, :, None] * cm.to(tl.float32)[None, :, :]
 
     logit = (mu_term[:, :, None] + low) * scaling

@@ -1,0 +1,282 @@
+"""End-to-end decode step of a random-weight model, captured as a CUDA graph: FullKV vs LOCKS vs Quest (issue 7).
+
+An eager transformers step hides any attention saving at batch 1 (issue 7's anchor: a GLM-4-9B-shaped stock step at
+128K takes 28 ms eager against a 5.4 ms byte floor), so every method runs the harness's static decode step
+(`locks/static_decode.py`): the cache preallocated for the whole run, the step captured once as a CUDA graph and
+replayed. Models are built from their config with random bf16 weights (no download):
+  glm    GLM-4-9B   (transformers GlmConfig defaults: 40 layers, 32 query / 2 KV heads, d = 128, 151,552 vocab)
+  llama  Llama-3.1-8B (32 layers, 32 / 8 heads, d = 128, 128,256 vocab; contexts whose cache does not fit are skipped)
+The KV cache of every layer is filled with random values (never zeros) at the context length, without a prefill;
+LOCKS summaries are random values in the exact quantized layout (`--summaries random`, GPU default: timing depends on
+the layout, not the values, and building 5M pages costs minutes of GPU time) or built from the keys in chunks
+(`--summaries build`, dry-run default); Quest's min/max are computed from the keys.
+
+Per (shape, context, method), records of kind "e2e":
+  ms_graph      median of --reps replays of the captured step at one position (CUDA events; a replay at a fixed
+                position rewrites the same slot, so repeating it is exact)
+  ms_eager      median of a few eager runs of the same static step (Python + kernel launches)
+  ms_per_token  wall time per generated token over --tokens tokens: replay + host upkeep (LOCKS summarizes each
+                completed page) + the greedy argmax, i.e. 1000 / tokens_per_s
+  bytes_per_step = weight bytes + the method's K/V + metadata bytes of one step (the harness's accounting),
+                byte_floor_ms at --bandwidth, speedup_vs_fullkv (FullKV ms_graph / ms_graph) next to the byte-bound
+                ceiling (FullKV bytes / bytes) for the same shape and context
+and one "check" per method: the replayed step's logits against an eager run of the same static step (max rel err).
+
+Every record is printed as soon as it is taken and appended to --out (JSON lines, flushed). --dry-run runs the whole
+script on CPU at tiny sizes under the Triton interpreter (the static step runs eagerly; no graph, timings
+meaningless) and exits non-zero if a check fails.
+
+    python scripts/bench_e2e.py --out results/gpu/bench_e2e.jsonl
+    python scripts/bench_e2e.py --dry-run --out /tmp/e2e.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_decode import Recorder, build_summaries_chunked, random_summaries, rel_err  # noqa: E402
+
+SHAPES = {
+    "glm": ("glm", {}),  # GlmConfig's defaults are GLM-4-9B's
+    "llama": ("llama", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0)),
+}
+DRY_SHAPES = {  # the same GQA groups (16 and 4), tiny
+    "glm": ("glm", dict(vocab_size=1024, pad_token_id=0, eos_token_id=[1], hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                        num_attention_heads=16, num_key_value_heads=1, head_dim=64)),
+    "llama": ("llama", dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
+                            num_attention_heads=8, num_key_value_heads=2, head_dim=64)),
+}
+METHODS = ["fullkv", "locks", "quest"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
+    p.add_argument("--out", default="results/gpu/bench_e2e.jsonl", help="JSON-lines file, appended as it goes")
+    p.add_argument("--shapes", nargs="+", default=["glm", "llama"], choices=sorted(SHAPES))
+    p.add_argument("--contexts", type=int, nargs="+", default=[131072, 262144, 1048576])
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--reps", type=int, default=30, help="timed replays (median; >= 20 on GPU)")
+    p.add_argument("--tokens", type=int, default=32, help="tokens generated for the per-token wall time")
+    p.add_argument("--eager-reps", type=int, default=3)
+    p.add_argument("--summaries", choices=["random", "build"], default=None)
+    p.add_argument("--bandwidth", type=float, default=4.5e12, help="bytes/s for the byte floor (H200 measured)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.contexts = [700]  # not a multiple of 16
+        args.budget = 128
+        args.reps, args.tokens, args.eager_reps = 2, 20, 1  # 20 tokens cross a page boundary
+        args.summaries = args.summaries or "build"
+    else:
+        args.summaries = args.summaries or "random"
+        if args.reps < 20:
+            p.error("--reps must be >= 20 (median of at least 20 steps)")
+    return args
+
+
+def build_model(kind: str, overrides: dict, device, dtype):
+    from transformers import GlmConfig, GlmForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from locks.attention import register_attention
+
+    config_cls, model_cls = (GlmConfig, GlmForCausalLM) if kind == "glm" else (LlamaConfig, LlamaForCausalLM)
+    config = config_cls(**overrides, attn_implementation=register_attention())
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def kv_bytes(model, L: int) -> int:
+    c = model.config
+    return 2 * L * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * 2
+
+
+def fill_cache(cache, L: int, gen, summaries: str, device, dtype) -> None:
+    """Random K/V at every layer (what a prefill would leave), then each selector's prefill state."""
+    from locks.selector import PrefillContext
+
+    cache.phase = "prefill"
+    positions = torch.arange(L, device=device)[None]
+    for layer, info in zip(cache.layers, cache.infos):
+        shape = (1, info.num_kv_heads, L, info.head_dim)
+        k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+        v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+        layer.update(k, v)
+        selector = layer.selector
+        if selector.name == "locks":
+            n = selector.page_size
+            P = L // n
+            selector.summaries = (random_summaries(1, info.num_kv_heads, P, info.head_dim, selector.rank, n, device, gen)
+                                  if summaries == "random" else build_summaries_chunked(k, n, selector.rank))
+            selector.pages_built = P
+        else:
+            selector.prefill(PrefillContext(keys=k, values=v, queries=k[:, :, :0], positions=positions,
+                                            pre_rope_keys=lambda: None))
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - t0))
+    return out
+
+
+def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, device, dtype, weights: int,
+               fullkv: dict | None) -> dict | None:
+    from locks.cache import SelectorCache
+    from locks.selector import MethodSpec
+    from locks.static_decode import StaticDecodeStep
+
+    base = dict(shape=shape, context=L, method=method, budget=args.budget, batch=1)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    cache = SelectorCache(model, MethodSpec(method, args.budget, backend="triton"))
+    fill_cache(cache, L, gen, args.summaries, device, dtype)
+    step = StaticDecodeStep(model, cache, 1, L + args.tokens + 2, cuda_graph=device.type == "cuda")
+    vocab = model.config.vocab_size
+    token = torch.randint(0, vocab, (1,), generator=gen, device=device)
+
+    def place(position):
+        step.input_ids.copy_(token.view(1, 1))
+        step.position_ids.fill_(position)
+        cache.set_static_position(position)
+
+    def untimed_counters(fn):  # repeated runs of one step must not add to the device-side accounting
+        saved = [c.clone() for c in cache.static_counters()]
+        out = fn()
+        for c, value in zip(cache.static_counters(), saved):
+            c.copy_(value)
+        return out
+
+    with torch.inference_mode():
+        place(L)
+        eager = untimed_counters(lambda: time_ms(step.forward, device, args.eager_reps))
+        eager_logits = untimed_counters(lambda: step.forward().float().clone())
+        logits = step(token, L).float()  # captures on CUDA, then replays; the cache now holds L + 1 tokens
+        cache.stats.steps += 1
+        err = rel_err(logits, eager_logits)
+        ok = bool(torch.isfinite(logits).all()) and err <= 1e-2
+        rec.write(dict(kind="check", **base, check="graph_vs_eager_logits", max_rel_err=err, ok=ok))
+        print(f"[{shape} L={L}] {method:<7} check: replayed vs eager logits max_rel_err {err:.2e} "
+              f"{'ok' if ok else 'FAILED'}", flush=True)
+        if not ok:
+            rec.failures.append(f"{shape} L={L} {method}: graph vs eager logits {err:.2e}")
+        position = L + 1
+        token = logits.argmax(-1)
+        place(position)
+        replay = step.graph.replay if step.graph is not None else step.forward
+        graph = untimed_counters(lambda: time_ms(replay, device, args.reps))
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.tokens):
+            logits = step(token, position)
+            cache.stats.steps += 1
+            position += 1
+            token = logits.argmax(-1)
+        sync(device)
+        per_token = 1e3 * (time.perf_counter() - t0) / args.tokens
+        cache.finish_static()
+    stats = cache.stats.summary()
+    step_bytes = weights + stats["bytes_read_per_step"]
+    ms = statistics.median(graph)
+    out = dict(kind="e2e", **base, ms_graph=ms, ms_graph_min=min(graph), ms_eager=statistics.median(eager),
+               timing="cuda_graph" if step.graph is not None else "eager_static", ms_per_token=per_token,
+               tokens_per_s=1e3 / per_token, weights_bytes=weights,
+               kv_and_metadata_bytes_per_step=stats["bytes_read_per_step"], bytes_per_step=step_bytes,
+               byte_floor_ms=1e3 * step_bytes / args.bandwidth, attended_tokens=stats["attended_tokens_per_step"],
+               summaries=args.summaries if method == "locks" else None)
+    if fullkv is not None:
+        out.update(speedup_vs_fullkv=fullkv["ms_graph"] / ms, byte_ceiling=fullkv["bytes_per_step"] / step_bytes)
+    rec.write(out)
+    line = (f"[{shape} L={L}] {method:<7} {ms:8.3f} ms/step ({out['timing']}), eager {out['ms_eager']:.3f} ms, "
+            f"{out['tokens_per_s']:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, floor {out['byte_floor_ms']:.3f} ms")
+    if fullkv is not None:
+        line += f", x{out['speedup_vs_fullkv']:.2f} vs fullkv (byte ceiling x{out['byte_ceiling']:.2f})"
+    print(line, flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before locks.kernels is imported: kernels run on CPU tensors
+        device, dtype = torch.device("cpu"), torch.float32
+    else:
+        if not torch.cuda.is_available():
+            print("bench_e2e: no CUDA device (use --dry-run for the CPU plumbing check)", file=sys.stderr)
+            return 2
+        device, dtype = torch.device("cuda"), torch.bfloat16
+    import transformers
+    import triton
+
+    rec = Recorder(args.out)
+    name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else platform.processor() or "cpu"
+    rec.write(dict(kind="run", script="bench_e2e", device=name, torch=torch.__version__, triton=triton.__version__,
+                   transformers=transformers.__version__, args=vars(args), argv=sys.argv[1:],
+                   time=time.strftime("%Y-%m-%d %H:%M:%S")))
+    print(f"bench_e2e on {name}: torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    shapes = DRY_SHAPES if args.dry_run else SHAPES
+    for shape in args.shapes:
+        kind, overrides = shapes[shape]
+        model = build_model(kind, overrides, device, dtype)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        for L in args.contexts:
+            need = kv_bytes(model, L + args.tokens + 2) * 1.3  # + selector state and the preallocation copy
+            if device.type == "cuda" and need > torch.cuda.mem_get_info()[0]:
+                rec.write(dict(kind="skip", shape=shape, context=L, reason=f"cache needs ~{need / 2**30:.0f} GiB"))
+                print(f"[{shape} L={L}] skipped: the cache needs ~{need / 2**30:.0f} GiB", flush=True)
+                continue
+            fullkv = None
+            for method in args.methods:
+                try:
+                    result = run_method(args, rec, model, shape, L, method, device, dtype, weights, fullkv)
+                    if method == "fullkv":
+                        fullkv = result
+                except torch.cuda.OutOfMemoryError as e:
+                    rec.write(dict(kind="skip", shape=shape, context=L, method=method, reason=str(e).splitlines()[0]))
+                    print(f"[{shape} L={L}] {method}: out of memory", flush=True)
+                finally:
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+        del model
+    if rec.failures:
+        print("bench_e2e: checks failed:\n  " + "\n  ".join(rec.failures), file=sys.stderr)
+        return 1 if args.dry_run else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
