@@ -2,8 +2,9 @@
 captured at one length replays correctly at any other: the same aten ops and Triton launches with the same shapes
 and scalar arguments at every step, and no device-to-host read inside it.
 
-The capture itself needs CUDA; on CPU the static step runs eagerly and these tests check the properties capture
-relies on (tests/test_kernels.py runs the kernels under TRITON_INTERPRET=1 here, compiled on a GPU).
+On CPU the static step runs eagerly (kernels under TRITON_INTERPRET=1) and these tests check the properties capture
+relies on; with CUDA the same tests run on the GPU, where `generate(static_decode=True)` really captures and replays
+a CUDA graph (decode_mode "cuda_graph") and the Triton kernels are compiled.
 """
 import pytest
 import torch
@@ -17,6 +18,8 @@ from locks.selector import ConfigError, MethodSpec
 from locks.static_decode import StaticDecodeStep
 from tests.conftest import TINY_LLAMA
 
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+STATIC_MODE = "cuda_graph" if DEV.type == "cuda" else "static"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's log(0) in the Triton interpreter
 
 # head_dim 64, G = 3 (as the embedded model)
@@ -32,11 +35,11 @@ SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "a
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**TINY, attn_implementation=register_attention())).eval()
+    return LlamaForCausalLM(LlamaConfig(**TINY, attn_implementation=register_attention())).eval().to(DEV)
 
 
 def prompt(n=301, seed=1):
-    return torch.randint(0, TINY["vocab_size"], (1, n), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, TINY["vocab_size"], (1, n), generator=torch.Generator().manual_seed(seed)).to(DEV)
 
 
 def run(model, method, budget, options, static, backend="torch", n=40):
@@ -49,7 +52,7 @@ def run(model, method, budget, options, static, backend="torch", n=40):
 def test_static_decode_matches_eager(tiny, method, budget, options):
     eager_out, eager = run(tiny, method, budget, options, False)
     static_out, static = run(tiny, method, budget, options, True)
-    assert static.decode_mode == "static" and eager.decode_mode == "eager"
+    assert static.decode_mode == STATIC_MODE and eager.decode_mode == "eager"
     assert torch.equal(static_out, eager_out)
     a, b = eager.stats.summary(), static.stats.summary()
     for key in ("decode_steps", "bytes_read_per_step", "full_bytes_per_step", "metadata_bytes_per_step",
@@ -106,17 +109,20 @@ class StepTrace(TorchDispatchMode):
 
 @pytest.fixture
 def triton_launches(monkeypatch):
-    """Grid and non-tensor arguments of every Triton launch (interpreter), recorded like StepTrace."""
+    """Grid and non-tensor arguments of every Triton launch (interpreted or compiled), recorded like StepTrace."""
     from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 
     launches = []
-    run = InterpretedFunction.run
+    kernel_class = JITFunction if DEV.type == "cuda" else InterpretedFunction
+    run = kernel_class.run
 
     def recording_run(self, *args, grid, warmup, **kwargs):
-        launches.append((self.fn.__name__, repr(grid), StepTrace.sig(args), StepTrace.sig(kwargs)))
+        if not warmup:
+            launches.append((self.fn.__name__, repr(grid), StepTrace.sig(args), StepTrace.sig(kwargs)))
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
-    monkeypatch.setattr(InterpretedFunction, "run", recording_run)
+    monkeypatch.setattr(kernel_class, "run", recording_run)
     return launches
 
 

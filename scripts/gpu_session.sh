@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU checks of issues 6 and 7 as one prepared command for a lent H200 (the `device` tool), printing every result
+# as it is taken and writing it under $OUT, so that a time-out loses nothing measured before it:
+#   1. the kernel and static-decode tests, compiled on the GPU (real CUDA-graph capture of the decode step)
+#   2. scripts/bench_decode.py  per-layer decode attention at 128K / 256K / 1M   -> $OUT/decode.jsonl
+#   3. scripts/bench_e2e.py     the CUDA-graph decode step of whole random models -> $OUT/e2e.jsonl
+# Each part has its own time limit (TESTS_S, DECODE_S, E2E_S seconds), so one run stays well inside a device call.
+#
+# Here, first (the image has transformers 5.17; this project pins 5.24, a pure-Python wheel that travels):
+#   echo /.whl/ >> .git/info/exclude; bash scripts/gpu_session.sh fetch
+# Then one device call: carry [".whl"], command "bash scripts/gpu_session.sh run", timeout_s about 480.
+# On this machine `bash scripts/gpu_session.sh dry` runs the same sequence on CPU at dry-run sizes.
+set -u
+cd "$(dirname "$0")/.."
+mode=${1:-run}
+PY=${PY:-python3}
+
+if [ "$mode" = fetch ]; then
+  exec "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl transformers==5.24.0
+fi
+if [ "$mode" != run ] && [ "$mode" != dry ]; then
+  echo "usage: $0 fetch | run | dry" >&2
+  exit 2
+fi
+
+OUT=${OUT:-outputs/gpu_session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=offline
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$mode" = run ] && compgen -G ".whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+dry=()
+if [ "$mode" = dry ]; then dry=(--dry-run); fi
+
+{
+  date -u
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  "$PY" -c 'import torch, triton, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda,
+"triton", triton.__version__, "transformers", transformers.__version__, "gpu", torch.cuda.is_available())'
+} 2>&1 | tee "$OUT/env.txt"
+
+echo "== 1. kernel and static-decode tests"
+timeout "${TESTS_S:-120}" "$PY" -m pytest -q -x -p no:cacheprovider tests/test_kernels.py tests/test_static_decode.py \
+  2>&1 | tee "$OUT/tests.txt"
+echo "== 2. per-layer decode attention"
+timeout "${DECODE_S:-150}" "$PY" scripts/bench_decode.py --out "$OUT/decode.jsonl" "${dry[@]}" 2>&1 \
+  | tee "$OUT/decode.txt"
+echo "== 3. end-to-end CUDA-graph decode step"
+timeout "${E2E_S:-150}" "$PY" scripts/bench_e2e.py --out "$OUT/e2e.jsonl" "${dry[@]}" 2>&1 | tee "$OUT/e2e.txt"
+echo "== done: $OUT"
