@@ -16,8 +16,11 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from locks.selector import ConfigError, LayerInfo, MethodSpec, Selector, StepStats, resolve_backend
 
-# transformers model types whose RoPE is k*cos + rotate_half(k)*sin over the full head dim (what rotate/unrotate invert)
-ROTATE_HALF_MODELS = {"llama", "mistral", "qwen2"}
+# How each supported transformers model type rotates keys (what rotate/unrotate apply and invert):
+#   half         k*cos + rotate_half(k)*sin over the full head dim, rotate_half(x) = (-x[d/2:], x[:d/2])
+#   interleaved  GLM: the same on the first rotary_dim channels with the pairs (x[2i], x[2i+1]) rotated together
+#                (cos/sin of rotary_dim/2 frequencies, each repeated twice), the other channels passed through
+ROPE_LAYOUTS = {"llama": "half", "mistral": "half", "qwen2": "half", "glm": "interleaved", "glm4": "interleaved"}
 
 
 def prefill_backend(device, dtype) -> str:
@@ -247,29 +250,36 @@ class SelectorCache(Cache):
                     sums.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in sums.items()}
 
-    def _rope_terms(self, keys: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(k, rotate_half(k), cos, sin) in fp32 for keys [B, Hkv, n, d] at positions [B, n], with the layer's own
-        rotary embedding; only for models whose RoPE is the full-width rotate_half form."""
-        if self.model_type not in ROTATE_HALF_MODELS:
-            raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the full-width rotate_half RoPE "
-                              f"of {sorted(ROTATE_HALF_MODELS)}; model_type {self.model_type!r} rotates differently "
-                              f"(e.g. GLM: interleaved, half the head dim), so this method cannot run on it yet")
+    def _rope_terms(self, keys: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(k, rot(k), cos, sin, passed-through channels) in fp32 for keys [B, Hkv, n, d] at positions [B, n], with
+        the layer's own rotary embedding, in the model's layout (ROPE_LAYOUTS)."""
+        layout = ROPE_LAYOUTS.get(self.model_type)
+        if layout is None:
+            raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the RoPE layouts of "
+                              f"{sorted(ROPE_LAYOUTS)}; model_type {self.model_type!r} is not among them")
         cos, sin = self.rotary_emb(keys, position_ids=positions)
+        cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
         k = keys.float()
+        if layout == "interleaved":
+            cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+            sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+            k, rest = k[..., : cos.shape[-1]], k[..., cos.shape[-1] :]
+            rotated = torch.stack((-k[..., 1::2], k[..., 0::2]), dim=-1).flatten(-2)
+            return k, rotated, cos, sin, rest
         half = k.shape[-1] // 2
-        return k, torch.cat((-k[..., half:], k[..., :half]), dim=-1), cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+        return k, torch.cat((-k[..., half:], k[..., :half]), dim=-1), cos, sin, k[..., :0]
 
     def rotate(self, keys: Tensor, positions: Tensor) -> Tensor:
-        """Post-RoPE keys from pre-RoPE keys: k' = k*cos + rotate_half(k)*sin."""
-        k, rotated, cos, sin = self._rope_terms(keys, positions)
-        return (k * cos + rotated * sin).to(keys.dtype)
+        """Post-RoPE keys from pre-RoPE keys: k' = k*cos + rot(k)*sin on the rotary channels."""
+        k, rotated, cos, sin, rest = self._rope_terms(keys, positions)
+        return torch.cat([k * cos + rotated * sin, rest], dim=-1).to(keys.dtype)
 
     def unrotate(self, keys: Tensor, positions: Tensor) -> Tensor:
         """Pre-RoPE keys from post-RoPE keys by the inverse rotation with the layer's own cos/sin.
 
-        Llama RoPE: k' = k*cos + rotate_half(k)*sin with cos, sin possibly scaled by an attention factor m
-        (cos = m cos(theta), sin = m sin(theta)). Rotating back by -theta gives
-        k'*cos - rotate_half(k')*sin = m^2 k, and m^2 = cos^2 + sin^2 elementwise, hence the division.
+        RoPE: k' = k*cos + rot(k)*sin with rot a quarter turn of each rotated channel pair and cos, sin possibly
+        scaled by an attention factor m (cos = m cos(theta), sin = m sin(theta)). Rotating back by -theta gives
+        k'*cos - rot(k')*sin = m^2 k, and m^2 = cos^2 + sin^2 elementwise, hence the division.
         """
-        k, rotated, cos, sin = self._rope_terms(keys, positions)
-        return ((k * cos - rotated * sin) / (cos * cos + sin * sin)).to(keys.dtype)
+        k, rotated, cos, sin, rest = self._rope_terms(keys, positions)
+        return torch.cat([(k * cos - rotated * sin) / (cos * cos + sin * sin), rest], dim=-1).to(keys.dtype)

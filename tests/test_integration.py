@@ -99,11 +99,26 @@ def test_left_padding_raises_a_clear_error(tiny):
              position_ids=torch.full((2, 1), 40), cache=cache, sparse_cache=cache)
 
 
-def test_pre_rope_keys_equal_the_key_projection(tiny):
+TINY_GLM = dict(vocab_size=512, pad_token_id=0, eos_token_id=[1], hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=4096)  # GLM RoPE: interleaved pairs on the first half of the head dim
+
+
+@pytest.fixture(scope="module")
+def tiny_glm():
+    from transformers import GlmConfig, GlmForCausalLM
+
+    torch.manual_seed(0)
+    return GlmForCausalLM(GlmConfig(**TINY_GLM, attn_implementation="sdpa")).eval()
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "tiny_glm"])
+def test_pre_rope_keys_equal_the_key_projection(model_name, request):
+    model = request.getfixturevalue(model_name)
     captured = {}
-    hook = tiny.model.layers[1].self_attn.k_proj.register_forward_hook(lambda m, i, o: captured.setdefault("k", o))
+    hook = model.model.layers[1].self_attn.k_proj.register_forward_hook(lambda m, i, o: captured.setdefault("k", o))
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 120))
-    _, cache = ours(tiny, ids, 1)
+    _, cache = ours(model, ids, 1)
     hook.remove()
     H, d = TINY_LLAMA["num_key_value_heads"], TINY_LLAMA["head_dim"]
     k_pre = captured["k"].view(1, 120, H, d).transpose(1, 2)
@@ -111,6 +126,20 @@ def test_pre_rope_keys_equal_the_key_projection(tiny):
     assert torch.allclose(unrotated, k_pre, atol=1e-5)
     # cache.rotate re-applies the layer's RoPE: rotating the projection reproduces the cached keys
     assert torch.allclose(cache.rotate(k_pre, torch.arange(120)[None]), cache.layers[1].keys, atol=1e-5)
+    if model_name == "tiny_glm":  # only the first half of each head is rotated, in interleaved pairs
+        assert torch.equal(cache.layers[1].keys[..., d // 2 :], k_pre[..., d // 2 :])
+        assert not torch.allclose(cache.layers[1].keys[..., : d // 2], k_pre[..., : d // 2], atol=1e-3)
+
+
+def test_shadowkv_runs_on_glm(tiny_glm):
+    """ShadowKV (pre-RoPE SVD, re-rotated reconstructed keys) on GLM's RoPE layout: with every token in budget it
+    reproduces FullKV's greedy tokens; at a small budget it decodes."""
+    ids = torch.randint(0, TINY_GLM["vocab_size"], (1, 300), generator=torch.Generator().manual_seed(3))
+    full, _ = ours(tiny_glm, ids, 8)
+    everything, _ = ours(tiny_glm, ids, 8, method="shadowkv", budget=4096)
+    assert torch.equal(everything, full)
+    small, cache = ours(tiny_glm, ids, 8, method="shadowkv", budget=128)
+    assert small.shape == (1, 8) and cache.stats.summary()["attended_tokens_per_step"] <= 128
 
 
 @pytest.mark.slow
@@ -192,6 +221,6 @@ def test_flash_attn_prefill_path_matches_sdpa(tiny, monkeypatch):
 
 def test_pre_rope_keys_refuse_models_with_another_rotary_layout(tiny):
     cache = SelectorCache(tiny, MethodSpec("fullkv", 64))
-    cache.model_type = "glm"
-    with pytest.raises(ConfigError, match="rotate_half"):
+    cache.model_type = "gpt_neox"
+    with pytest.raises(ConfigError, match="RoPE layouts"):
         cache.unrotate(torch.randn(1, 2, 3, 16), torch.arange(3)[None])
