@@ -238,7 +238,7 @@ class QuestSelector(Selector):
             self._max[:, :, self.num_pages :] = 0  # never-written pages hold finite values (their scores are masked)
             self._min[:, :, self.num_pages :] = 0
 
-    def _append_static(self, keys: Tensor, length: Tensor) -> None:
+    def _append_static_reference(self, keys: Tensor, length: Tensor) -> None:
         """Fold the key at slot length - 1 into its page's max/min on the device (a new page starts from it)."""
         position = length.reshape(1) - 1
         page = torch.div(position, self.page_size, rounding_mode="floor")
@@ -248,23 +248,28 @@ class QuestSelector(Selector):
         self._min.index_copy_(2, page, torch.where(first, key, torch.minimum(self._min.index_select(2, page), key)))
 
     def select_static(self, query, keys, values, length):
-        """The kernel rule at the device length L: the top (budget // P - 1) pages among the complete pages before
-        the last one, plus the last (open) page, as a list of budget // P * P tokens; all tokens [0, L) while
-        ceil(L / P) <= budget // P. The union-ratio metric is not kept here."""
+        """The kernel rule at the device length L, as a page list: the top (budget // P - 1) pages among the
+        complete pages before the last one, plus the last (open) page; pages 0 .. budget // P - 1 while
+        ceil(L / P) <= budget // P (tokens at or past L are masked by the decode). The union-ratio metric is not
+        kept here; with gqa=per_head the union of the group's pages is counted on the device."""
         if self.dense:
             return Selection.all_tokens()
-        self._append_static(keys, length)
+        if self.info.backend == "triton":
+            from locks.kernels import quest_append
+
+            quest_append(keys, self._max, self._min, length, self.page_size)
+        else:
+            self._append_static_reference(keys, length)
         if self.static_fits:
             return Selection.all_tokens()
         B, Hkv = keys.shape[:2]
         P = self.page_size
         page_budget = self.budget // P
         dev = keys.device
-        L = length.reshape(())
-        num_pages = torch.div(L + P - 1, P, rounding_mode="floor")
+        last = torch.div(length.reshape(()) + P - 1, P, rounding_mode="floor") - 1  # the open page
         capacity_pages = self._max.shape[2]
         scores = self.page_bounds(query, capacity_pages)
-        scores = scores.masked_fill(torch.arange(capacity_pages, device=dev) >= num_pages - 1, float("-inf"))
+        scores = scores.masked_fill(torch.arange(capacity_pages, device=dev) >= last, float("-inf"))
         if self.gqa == "group":
             if self.group_reduce == "max":
                 scores = scores.amax(2, keepdim=True)
@@ -273,15 +278,10 @@ class QuestSelector(Selector):
         sets = scores.shape[2]
         # torch.topk, not the eager path's stable sort of every page: a full sort per step would dominate the
         # step at long context (ties between exactly equal bounds then go either way, as in the official select-k)
-        top = torch.topk(scores, page_budget - 1, dim=-1).indices
-        pages = torch.cat([top.sort(dim=-1).values, (num_pages - 1).expand(B, Hkv, sets, 1)], dim=-1)
-        tokens = pages_to_tokens(pages, P)
-        valid = tokens < L
-        everything = torch.arange(tokens.shape[-1], device=dev).expand_as(tokens)
-        fits = num_pages <= page_budget
-        tokens = torch.where(fits, everything, tokens)
-        valid = torch.where(fits, everything < L, valid)
-        return Selection(indices=tokens.masked_fill(~valid, 0), valid=valid)
+        top = torch.topk(scores, page_budget - 1, dim=-1).indices.sort(dim=-1).values
+        pages = torch.cat([top, last.expand(B, Hkv, sets, 1)], dim=-1)
+        pages = torch.where(last < page_budget, torch.arange(page_budget, device=dev), pages)
+        return Selection(pages=pages, page_size=P, attended_on_host=sets == 1)
 
     def after_static_step(self, keys, values, length):
         if not self.dense:
@@ -291,10 +291,13 @@ class QuestSelector(Selector):
         P = self.page_size
         num_pages = -(-length // P)
         page_budget = self.budget // P
+        host = self.dense or self.static_fits or self.gqa == "group"  # as the Selection's attended_on_host
         if self.dense or num_pages <= page_budget:
-            return 0.0, 0.0
+            return 0.0, 0.0, float(length) if host else None
         sets = self.info.group_size if self.gqa == "per_head" else 1
-        return float(length - (num_pages - 1) * P), self._metadata_bytes(num_pages - 1, page_budget - 1, sets)
+        forced = length - (num_pages - 1) * P
+        attended = float((page_budget - 1) * P + forced) if host else None
+        return float(forced), self._metadata_bytes(num_pages - 1, page_budget - 1, sets), attended
 
     def _record_union(self, pages: Tensor, valid: Tensor, num_pages: int, L: int) -> None:
         """Mean union size per KV head / mean per-head set size, accumulated on the device (no sync per step)."""

@@ -78,9 +78,35 @@ def attended_per_kv_head(sel: Selection, length: int) -> Tensor:
     if sel.indices.shape[2] == 1:
         return sel.valid[:, :, 0].sum(-1).float()
     B, H, Gs, K = sel.indices.shape
-    read = torch.zeros(B, H, length, dtype=torch.bool, device=sel.indices.device)
-    read.scatter_(2, sel.indices.clamp(0, length - 1).reshape(B, H, Gs * K), sel.valid.reshape(B, H, Gs * K))
+    # amax, not a plain scatter: an index may appear both valid and as masked padding (token 0), in any order
+    read = torch.zeros(B, H, length, dtype=torch.int32, device=sel.indices.device)
+    read.scatter_reduce_(2, sel.indices.clamp(0, length - 1).reshape(B, H, Gs * K),
+                         sel.valid.reshape(B, H, Gs * K).to(torch.int32), reduce="amax")
     return read.sum(-1).float()
+
+
+def paged_tokens(sel: Selection, length: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+    """A paged Selection as token indices [B, Hkv, Gs, Kp * n] (clamped to the cache) and their validity: the page
+    is valid and the token is below the device length."""
+    n = sel.page_size
+    tokens = sel.pages.long().unsqueeze(-1) * n + torch.arange(n, device=sel.pages.device)
+    valid = tokens < length
+    if sel.page_valid is not None:
+        valid = valid & sel.page_valid.unsqueeze(-1)
+    return tokens.flatten(-2).clamp(0, capacity - 1), valid.flatten(-2)
+
+
+def paged_attended(sel: Selection, length: Tensor, capacity: int) -> Tensor:
+    """Distinct tokens read per (batch, KV head) by a paged Selection (union over the group), at page granularity:
+    sum over the pages read of min(n, max(0, L - j n))."""
+    n = sel.page_size
+    B, H = sel.pages.shape[:2]
+    P = capacity // n + 1  # every page id a selection can name, the one just past a full cache included
+    read = torch.zeros(B, H, P, dtype=torch.int32, device=sel.pages.device)
+    valid = torch.ones_like(sel.pages, dtype=torch.int32) if sel.page_valid is None else sel.page_valid.to(torch.int32)
+    read.scatter_reduce_(2, sel.pages.long().clamp(0, P - 1).reshape(B, H, -1), valid.reshape(B, H, -1), reduce="amax")
+    page_tokens = (length - torch.arange(P, device=read.device) * n).clamp(0, n)
+    return (read * page_tokens).sum(-1).float()
 
 
 def _alive_selection(alive: Tensor) -> Selection:
@@ -189,36 +215,51 @@ def masked_dense_decode(query: Tensor, keys: Tensor, values: Tensor, length: Ten
 
 def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer_idx: int, scaling: float) -> Tensor:
     """One layer of a static decode step (capturable in a CUDA graph): keys/values are the preallocated cache with
-    `cache.static_length` valid slots; the selector's `select_static` picks a fixed-size token list, attended by
-    the fused kernel (backend triton) or the reference. The attended tokens per KV head are added to
-    `cache.static_attended` on the device. -> [B, 1, Hq, d]."""
+    `cache.static_length` valid slots; the selector's `select_static` names a fixed number of tokens or pages, attended
+    by the fused kernels (backend triton) or the reference. Attended tokens the host cannot count are added to
+    `cache.static_attended` on the device, as is the coverage when measured. -> [B, 1, Hq, d]."""
     selector = cache.selector(layer_idx)
     length = cache.static_length
     q = query[:, :, 0].detach()
     sel = selector.select_static(q, keys, values, length)
     triton = cache.backend == "triton"
     B, Hq = q.shape[:2]
+    C = keys.shape[2]
+    lse = None
     if sel.dense:
         if triton:
             from locks.kernels import full_decode
 
-            out, _ = full_decode(q, keys, values, scaling, length=length)
+            out, lse = full_decode(q, keys, values, scaling, length=length)
         else:
             out = masked_dense_decode(q, keys, values, length, scaling)
-        attended = length.to(torch.float64)
-        coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
-    else:
-        if triton:
-            from locks.kernels import sparse_decode as fused_sparse_decode
+    elif triton:
+        from locks.kernels import paged_decode, sparse_decode as fused_sparse_decode
 
+        if sel.pages is not None:
+            out, lse = paged_decode(q, keys, values, sel.pages, scaling, sel.page_valid, page_size=sel.page_size,
+                                    length=length)
+        else:
             out, lse = fused_sparse_decode(q, keys, values, sel, scaling)
+    else:
+        if sel.pages is not None:
+            indices, valid = paged_tokens(sel, length, C)
+            out, lse = sparse_decode(q, keys, values, Selection(indices=indices, valid=valid), scaling)
         else:
             out, lse = sparse_decode(q, keys, values, sel, scaling)
-        attended = attended_per_kv_head(sel, keys.shape[2]).mean().to(torch.float64).reshape(1)
-        if cache.measure_coverage:
-            alive = (torch.arange(keys.shape[2], device=q.device) < length).expand(B, keys.shape[1], -1)
-            coverage = torch.exp(lse - dense_lse(q, keys, scaling, alive)).sum().to(torch.float64).reshape(1)
-    cache.static_attended[layer_idx : layer_idx + 1].add_(attended)
+    if not sel.attended_on_host and cache.device_accounting:
+        if sel.dense:
+            attended = length.to(torch.float64)
+        elif sel.pages is not None:
+            attended = paged_attended(sel, length, C).mean().to(torch.float64).reshape(1)
+        else:
+            attended = attended_per_kv_head(sel, C).mean().to(torch.float64).reshape(1)
+        cache.static_attended[layer_idx : layer_idx + 1].add_(attended)
     if cache.measure_coverage:
+        if sel.dense:
+            coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
+        else:
+            alive = (torch.arange(C, device=q.device) < length).expand(B, keys.shape[1], -1)
+            coverage = torch.exp(lse - dense_lse(q, keys, scaling, alive)).sum().to(torch.float64).reshape(1)
         cache.static_coverage[layer_idx : layer_idx + 1].add_(coverage)
     return out.unsqueeze(1)

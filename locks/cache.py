@@ -175,6 +175,9 @@ class SelectorCache(Cache):
         self.measure_coverage = measure_coverage
         self.stats = DecodeStats()
         self.decode_mode = "eager"  # set by `generate`: eager | static | cuda_graph
+        # static decode: count on the device the attended tokens the host cannot know (e.g. Quest's per-head union);
+        # a benchmark may turn it off to time the selection and attention alone
+        self.device_accounting = True
 
     # ----- static decode (locks/static_decode.py) -------------------------------------------------------------------
 
@@ -220,10 +223,12 @@ class SelectorCache(Cache):
             layer.length += 1
             L = layer.length
             layer.selector.after_static_step(layer._k, layer._v, L)
-            forced, metadata = layer.selector.static_step_cost(L)
-            self.stats.add(StepStats(attended_tokens=0.0, forced_tokens=forced, metadata_bytes=metadata, kv_bytes=0.0,
-                                     h2d_bytes=0.0, full_bytes=2.0 * L * info.head_dim * info.kv_element_bytes
-                                     * info.num_kv_heads), L, None)
+            forced, metadata, attended = layer.selector.static_step_cost(L)
+            token_bytes = 2.0 * info.head_dim * info.kv_element_bytes * info.num_kv_heads  # K and V of all KV heads
+            attended = attended or 0.0  # None: counted on the device, folded in by finish_static
+            self.stats.add(StepStats(attended_tokens=attended, forced_tokens=forced, metadata_bytes=metadata,
+                                     kv_bytes=attended * token_bytes, h2d_bytes=0.0, full_bytes=L * token_bytes),
+                           L, None)
 
     def finish_static(self) -> None:
         """After the last static step: fold the attended tokens counted on the device into the stats (one read)."""

@@ -57,13 +57,13 @@ class LocksSelector(PageSelector):
             write_summaries(self.summaries, new, self.pages_built)
             self.pages_built = pages
 
-    def static_candidate_scores(self, query, keys, lo, hi):
+    def static_candidate_scores(self, query, keys, length):
         if self.info.backend != "triton" or self.quant != "int":
-            return super().static_candidate_scores(query, keys, lo, hi)
+            return super().static_candidate_scores(query, keys, length)
         from locks.kernels import locks_aggregated_scores
 
         return locks_aggregated_scores(query, self.summaries, self.info.scaling, self.info.group_size,
-                                       mode=self.aggregation, lo=lo, hi=hi)
+                                       mode=self.aggregation, lo=self.sink_pages, hi=self.recent_pages, length=length)
 
     def scored_pages(self, query, keys, num_pages, forced, forced_log_mass):
         # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the

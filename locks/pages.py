@@ -56,6 +56,26 @@ def pages_to_tokens(pages: Tensor, page_size: int) -> Tensor:
     return (pages.unsqueeze(-1) * page_size + offsets).flatten(-2)
 
 
+def static_page_list(top: Tensor, length: Tensor, budget: int, page_size: int, sink_pages: int,
+                     recent_pages: int) -> tuple[Tensor, Tensor]:
+    """The fair-mode page list of a static decode step at the device length L (oracle of the fused
+    `locks.kernels.static_pages`): top [B, Hkv, Kt] best candidate pages -> (pages [B, Hkv, Kt + S + R + 1] int32,
+    valid bool). Slots: the top pages (slot j valid iff j < (budget - L mod n) // n - S - R), the sink pages, the
+    recent pages L // n - 1, L // n - 2, ..., the partial page L // n; while L <= budget: pages 0 .. Kt + S + R."""
+    B, H, Kt = top.shape
+    n, S, R = page_size, sink_pages, recent_pages
+    dev = top.device
+    L = length.reshape(())
+    full = torch.div(L, n, rounding_mode="floor")
+    k = torch.div(budget - (L - full * n), n, rounding_mode="floor") - S - R
+    fixed = torch.cat([torch.arange(S, device=dev), full - 1 - torch.arange(R, device=dev), full.reshape(1)])
+    pages = torch.cat([top, fixed.expand(B, H, S + R + 1)], dim=-1)
+    slots = torch.arange(pages.shape[-1], device=dev)
+    valid = (slots >= Kt) | (slots < k)
+    fits = L <= budget
+    return torch.where(fits, slots, pages).to(torch.int32), (valid | fits).expand(B, H, -1)
+
+
 class PageSelector(Selector):
     """Forced set + per-KV-head top-k pages by aggregated score. Subclasses implement `page_scores`."""
 
@@ -167,51 +187,41 @@ class PageSelector(Selector):
         self.static_pages = capacity // self.page_size  # complete pages the preallocated cache can hold
         self.static_fits = capacity <= self.budget  # the whole generation fits in the budget: attend everything
 
-    def static_candidate_scores(self, query: Tensor, keys: Tensor, lo: int, hi: Tensor) -> Tensor:
-        """A [B, Hkv, P] over all preallocated pages, -inf outside the candidates [lo, hi) (hi on the device)."""
-        P = self.static_pages
-        scores = self.page_scores(query, keys, P)
-        pages = torch.arange(P, device=query.device)
-        candidates = ((pages >= lo) & (pages < hi)).expand(query.shape[0], keys.shape[1], P)
-        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates)
-
     def select_static(self, query: Tensor, keys: Tensor, values: Tensor, length: Tensor) -> Selection:
-        """`select` at the device length L, fixed shapes. Token list ((budget // n) + 1) * n long: the top pages
-        (Kt = budget // n - S - R slots, the last one invalid when the partial page leaves room for one page less),
-        the S sink and R recent pages, then the n slots of the partial page (valid below L). While L <= budget
-        everything fits and the list is simply tokens [0, L)."""
+        """`select` at the device length L with fixed shapes, as a page list (`static_page_list`): the Kt = budget
+        // n - S - R best candidate pages of [S, L // n - R), the S sink and R recent pages, the partial page.
+        Backend triton: fused scoring over the range read from the length, torch.topk, the list in one launch."""
         if self.static_fits:
             return Selection.all_tokens()
-        B, Hkv = keys.shape[:2]
-        n, S, R, P = self.page_size, self.sink_pages, self.recent_pages, self.static_pages
+        n, S, R = self.page_size, self.sink_pages, self.recent_pages
         Kt = self.budget // n - S - R
-        dev = keys.device
-        L = length.reshape(())
-        num_pages = torch.div(L, n, rounding_mode="floor")
-        tail = L - num_pages * n
-        k_pages = torch.div(self.budget - tail, n, rounding_mode="floor") - S - R  # Kt or Kt - 1
-        agg = self.static_candidate_scores(query, keys, S, num_pages - R)
+        agg = self.static_candidate_scores(query, keys, length)
         top = torch.topk(agg, Kt, dim=-1).indices
-        top = torch.where(torch.arange(Kt, device=dev) < k_pages, top, P)  # P marks the unused slot, sorts last
-        forced = torch.cat([torch.arange(S, device=dev), num_pages - 1 - torch.arange(R, device=dev)])
-        pages = torch.cat([top, forced.expand(B, Hkv, S + R)], -1).sort(dim=-1).values
-        tokens = pages_to_tokens(pages.clamp(max=P - 1), n)
-        valid = (pages < P).repeat_interleave(n, dim=-1)
-        offsets = torch.arange(n, device=dev)
-        tokens = torch.cat([tokens, (num_pages * n + offsets).expand(B, Hkv, n)], -1)
-        valid = torch.cat([valid, (offsets < tail).expand(B, Hkv, n)], -1)
-        everything = torch.arange(tokens.shape[-1], device=dev).expand_as(tokens)
-        fits = L <= self.budget
-        tokens = torch.where(fits, everything, tokens)
-        valid = torch.where(fits, everything < L, valid)
-        tokens = tokens.masked_fill(~valid, 0)
-        return Selection(indices=tokens.unsqueeze(2), valid=valid.unsqueeze(2))
+        if self.info.backend == "triton":
+            from locks.kernels.static_pages import static_pages
 
-    def static_step_cost(self, length: int) -> tuple[float, float]:
+            pages, valid = static_pages(top, length, self.budget, n, S, R)
+        else:
+            pages, valid = static_page_list(top, length, self.budget, n, S, R)
+        return Selection(pages=pages.unsqueeze(2), page_valid=valid.unsqueeze(2), page_size=n, attended_on_host=True)
+
+    def static_candidate_scores(self, query: Tensor, keys: Tensor, length: Tensor) -> Tensor:
+        """A [B, Hkv, P] over all preallocated pages, -inf outside the candidates [S, L // n - R)."""
+        P, n = self.static_pages, self.page_size
+        scores = self.page_scores(query, keys, P)
+        pages = torch.arange(P, device=query.device)
+        hi = torch.div(length, n, rounding_mode="floor") - self.recent_pages
+        candidates = ((pages >= self.sink_pages) & (pages < hi)).expand(query.shape[0], keys.shape[1], P)
+        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates)
+
+    def static_step_cost(self, length: int) -> tuple[float, float, float]:
         num_pages, tail, forced, k_pages, _ = self._plan(length)
         num_candidates = num_pages - len(forced)
-        metadata = self.scoring_bytes(num_candidates) * self.info.num_kv_heads if k_pages < num_candidates else 0.0
-        return float(len(forced) * self.page_size + tail), float(metadata)
+        if k_pages >= num_candidates:  # everything fits
+            return float(len(forced) * self.page_size + tail), 0.0, float(length)
+        metadata = self.scoring_bytes(num_candidates) * self.info.num_kv_heads
+        return (float(len(forced) * self.page_size + tail), float(metadata),
+                float((k_pages + len(forced)) * self.page_size + tail))
 
     def scored_pages(self, query: Tensor, keys: Tensor, num_pages: int, forced: set[int],
                      forced_log_mass: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -75,6 +75,10 @@ class Selection:
     `dense=True` means: attend every cached token (FullKV, or a selector whose budget covers the context).
     `keys` optionally overrides the gathered keys ([B, Hkv, Gs, K, d]) for methods that attend reconstructed keys;
     `values` likewise overrides the gathered values (methods that serve values from their own offloaded store).
+    Static decode only (`select_static`): the tokens may instead be named by page, `pages` [B, Hkv, Gs, Kp] page ids
+    with `page_valid` (bool, same shape, or None = all valid) and `page_size`; page j covers tokens
+    [j * page_size, (j + 1) * page_size), and tokens at or past the valid length are masked. `attended_on_host`: the
+    selector's `static_step_cost` counts the attended tokens, so the step does not count them on the device.
     """
 
     indices: Tensor | None = None
@@ -89,10 +93,14 @@ class Selection:
     # Optional: lse_sel [B, Hq] of the attended set -> {"certificate": ..., "plugin_coverage": ...} lower bounds /
     # estimates of each head's attention-mass coverage (LOCKS A5.5); logged every step when present.
     certify: Callable[[Tensor], dict] | None = None
+    pages: Tensor | None = None
+    page_valid: Tensor | None = None
+    page_size: int = 0
+    attended_on_host: bool = False
 
     @staticmethod
     def all_tokens() -> "Selection":
-        return Selection(dense=True)
+        return Selection(dense=True, attended_on_host=True)
 
 
 @dataclass
@@ -170,10 +178,11 @@ class Selector(ABC):
     def after_static_step(self, keys: Tensor, values: Tensor, length: int) -> None:
         """Outside the graph, after each step: the cache now holds `length` tokens."""
 
-    def static_step_cost(self, length: int) -> tuple[float, float]:
-        """(forced tokens per KV head, metadata bytes over KV heads) of the step that attended at `length`
-        tokens, computed on the host (the attended tokens are counted on the device). Default: (0, 0)."""
-        return 0.0, 0.0
+    def static_step_cost(self, length: int) -> tuple[float, float, float | None]:
+        """(forced tokens per KV head, metadata bytes over KV heads, attended tokens per KV head) of the step that
+        attended at `length` tokens, computed on the host; attended is None exactly when the step's Selection has
+        attended_on_host=False (then it is counted on the device). Default: a dense step, (0, 0, length)."""
+        return 0.0, 0.0, float(length)
 
 
 SELECTORS: dict[str, type[Selector]] = {}

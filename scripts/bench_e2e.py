@@ -13,14 +13,17 @@ the layout, not the values, and building 5M pages costs minutes of GPU time) or 
 
 Per (shape, context, method), records of kind "e2e":
   ms_graph      median of --reps replays of the captured step at one position (CUDA events; a replay at a fixed
-                position rewrites the same slot, so repeating it is exact)
+                position rewrites the same slot, so repeating it is exact), captured without the device-side count
+                of attended tokens (Quest's per-head union: accounting, not part of the method)
   ms_eager      median of a few eager runs of the same static step (Python + kernel launches)
   ms_per_token  wall time per generated token over --tokens tokens: replay + host upkeep (LOCKS summarizes each
-                completed page) + the greedy argmax, i.e. 1000 / tokens_per_s
+                completed page) + the greedy argmax + the accounting, i.e. 1000 / tokens_per_s
   bytes_per_step = weight bytes + the method's K/V + metadata bytes of one step (the harness's accounting),
                 byte_floor_ms at --bandwidth, speedup_vs_fullkv (FullKV ms_graph / ms_graph) next to the byte-bound
                 ceiling (FullKV bytes / bytes) for the same shape and context
-and one "check" per method: the replayed step's logits against an eager run of the same static step (max rel err).
+and one "check" per method: the replayed step's logits against an eager run of the same static step (max rel err),
+and one "profile" per method: the --profile-top kernels of --profile-reps replays by device time (torch.profiler;
+CPU time in --dry-run), with the number of kernels launched per step -- where the step's time goes.
 
 Every record is printed as soon as it is taken and appended to --out (JSON lines, flushed). --dry-run runs the whole
 script on CPU at tiny sizes under the Triton interpreter (the static step runs eagerly; no graph, timings
@@ -73,13 +76,15 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=32, help="tokens generated for the per-token wall time")
     p.add_argument("--eager-reps", type=int, default=3)
     p.add_argument("--summaries", choices=["random", "build"], default=None)
+    p.add_argument("--profile-reps", type=int, default=3, help="replays under torch.profiler (0: no profile)")
+    p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--bandwidth", type=float, default=4.5e12, help="bytes/s for the byte floor (H200 measured)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.dry_run:
         args.contexts = [700]  # not a multiple of 16
         args.budget = 128
-        args.reps, args.tokens, args.eager_reps = 2, 20, 1  # 20 tokens cross a page boundary
+        args.reps, args.tokens, args.eager_reps, args.profile_reps = 2, 20, 1, 1  # 20 tokens cross a page boundary
         args.summaries = args.summaries or "build"
     else:
         args.summaries = args.summaries or "random"
@@ -155,6 +160,32 @@ def time_ms(fn, device, reps: int) -> list[float]:
     return out
 
 
+def profile_step(args, rec: Recorder, base: dict, replay, device) -> None:
+    """The top kernels (device time; CPU ops off CUDA) of a few replays, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.profile_reps):
+            replay()
+        sync(device)
+    n = args.profile_reps
+    rows = []
+    for e in prof.key_averages():
+        us = (e.self_device_time_total if cuda else e.self_cpu_time_total) / n
+        if us > 0 and (cuda or not e.key.startswith("ProfilerStep")):
+            rows.append(dict(name=e.key[:120], us_per_step=us, calls_per_step=e.count / n))
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    calls = sum(r["calls_per_step"] for r in rows)
+    rec.write(dict(kind="profile", **base, time_unit="device_us" if cuda else "cpu_us", total_us_per_step=total,
+                   kernels_per_step=calls, top=rows[: args.profile_top]))
+    head = ", ".join(f"{r['name'][:40]} {r['us_per_step']:.0f}" for r in rows[:3])
+    print(f"[{base['shape']} L={base['context']}] {base['method']:<7} profile: {calls:.0f} kernels/step, "
+          f"{total:.0f} us; top: {head}", flush=True)
+
+
 def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, device, dtype, weights: int,
                fullkv: dict | None) -> dict | None:
     from locks.cache import SelectorCache
@@ -196,9 +227,6 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
             rec.failures.append(f"{shape} L={L} {method}: graph vs eager logits {err:.2e}")
         position = L + 1
         token = logits.argmax(-1)
-        place(position)
-        replay = step.graph.replay if step.graph is not None else step.forward
-        graph = untimed_counters(lambda: time_ms(replay, device, args.reps))
         sync(device)
         t0 = time.perf_counter()
         for _ in range(args.tokens):
@@ -209,6 +237,15 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         sync(device)
         per_token = 1e3 * (time.perf_counter() - t0) / args.tokens
         cache.finish_static()
+        # the step alone: recaptured without the device-side accounting, replayed at one position
+        cache.device_accounting = False
+        place(position)
+        if step.cuda_graph:
+            step._capture()
+        replay = step.graph.replay if step.graph is not None else step.forward
+        graph = untimed_counters(lambda: time_ms(replay, device, args.reps))
+        if args.profile_reps > 0:
+            untimed_counters(lambda: profile_step(args, rec, base, replay, device))
     stats = cache.stats.summary()
     step_bytes = weights + stats["bytes_read_per_step"]
     ms = statistics.median(graph)

@@ -23,13 +23,15 @@ from locks.kernels import (  # noqa: E402
     locks_page_scores,
     paged_decode,
     poisoned,
+    quest_append,
     quest_group_scores,
     quest_page_scores,
     select_pages,
     sparse_decode,
+    static_pages,
     topk_pages,
 )
-from locks.pages import aggregate_heads, pages_to_tokens  # noqa: E402
+from locks.pages import aggregate_heads, pages_to_tokens, static_page_list  # noqa: E402
 from locks.selector import Selection  # noqa: E402
 from locks.summaries import build_summaries, page_scores  # noqa: E402
 
@@ -133,6 +135,10 @@ def test_locks_aggregated_scores(case, mode):
     for name, value in tail.items():
         setattr(s, name, value)
     assert torch.equal(out_n, out)
+    # the range counted back from a device length (static decode): [lo, length // 16 - 4) is [lo, hi) here
+    for L in (P * 16, P * 16 + 15):
+        out_l = locks_aggregated_scores(q, s, scaling, G, mode, lo, 4 + (P - hi) - 4, length=torch.tensor([L], device=DEV))
+        assert torch.equal(out_l, out)
     # the selected page sets equal the reference's except for exact ties
     k = (hi - lo) // 3
     _topk_equal_except_ties(out, ref, k, 1e-5)
@@ -399,3 +405,47 @@ def test_random_sizes_strided_inputs(seed):
     with poisoned():
         o, lse = sparse_decode(q, keys, values, sel, scaling)
     assert rel_err(o, ref_out) <= TOL[dtype] and rel_err(lse, ref_lse) <= 1e-3
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# static decode helpers: the page list and Quest's metadata update, each in one launch
+
+
+@pytest.mark.parametrize("budget,S,R", [(128, 1, 4), (200, 1, 4), (256, 2, 3)])
+def test_static_pages_equal_the_reference(budget, S, R):
+    n = 16
+    Kt = budget // n - S - R
+    g = torch.Generator().manual_seed(budget)
+    # lengths in both regimes (<= budget: everything fits), every tail, page boundaries
+    for L in [1, 17, budget - 1, budget, budget + 1, budget + 7, 16 * 40, 16 * 40 + 9, 16 * 41 - 1, 16 * 70 + 15]:
+        candidates = max(L // n - R - S, Kt)  # top-k of the candidate pages [S, L // n - R), as the selector's
+        top = torch.stack([torch.randperm(candidates, generator=g)[:Kt] + S for _ in range(6)]).view(2, 3, Kt).to(DEV)
+        length = torch.tensor([L], device=DEV)
+        ref_pages, ref_valid = static_page_list(top, length, budget, n, S, R)
+        pages, valid = static_pages(top, length, budget, n, S, R)
+        assert pages.dtype == torch.int32 and pages.shape == (2, 3, Kt + S + R + 1)
+        assert torch.equal(pages, ref_pages) and torch.equal(valid, ref_valid), L
+        # and the list names what eager selection attends: budget-many tokens at most, the partial page included
+        tokens = pages.long().unsqueeze(-1) * n + torch.arange(n, device=DEV)
+        attended = ((tokens < L) & valid.unsqueeze(-1)).sum((-1, -2))
+        assert (attended == min(L, ((budget - L % n) // n) * n + L % n)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quest_append_equals_the_reference(dtype):
+    from baselines.quest import QuestSelector
+    from locks.selector import LayerInfo
+
+    B, H, d, P = 2, 2, 64, 16
+    keys = gen(B, H, 100, d, dtype=dtype, seed=3)
+    sel = QuestSelector(LayerInfo(2, 4, H, d, d ** -0.5), 64)
+    kmax, kmin = gen(B, H, 8, d, dtype=dtype, seed=4), gen(B, H, 8, d, dtype=dtype, seed=5)
+    kmin = torch.minimum(kmin, kmax)
+    for L in (33, 40, 48, 49):  # the first key of a page, inside a page, the last one, the next page's first
+        sel._max, sel._min = kmax.clone(), kmin.clone()
+        sel._append_static_reference(keys, torch.tensor([L], device=DEV))
+        mx, mn = kmax.clone(), kmin.clone()
+        quest_append(keys, mx, mn, torch.tensor([L], device=DEV), P)
+        assert torch.equal(mx, sel._max) and torch.equal(mn, sel._min), L
+        page = (L - 1) // P
+        assert torch.equal(mx[:, :, page + 1 :], kmax[:, :, page + 1 :]) and torch.equal(mx[:, :, :page], kmax[:, :, :page])

@@ -65,10 +65,14 @@ def _mm_t(a, b, F32: tl.constexpr):
 
 
 @triton.jit
-def _bounds(bounds_ptr, lo, hi, BOUNDS_PTR: tl.constexpr):
-    if BOUNDS_PTR:
+def _bounds(bounds_ptr, lo, hi, BOUNDS: tl.constexpr, N: tl.constexpr):
+    """Candidate range [lo, hi): 0 the ints given; 1 read from bounds_ptr[0:2]; 2 hi counted back from the complete
+    pages of the device length at bounds_ptr: hi = length // N - hi."""
+    if BOUNDS == 1:
         lo = tl.load(bounds_ptr).to(tl.int32)
         hi = tl.load(bounds_ptr + 1).to(tl.int32)
+    elif BOUNDS == 2:
+        hi = tl.load(bounds_ptr).to(tl.int32) // N - hi
     return lo, hi
 
 
@@ -94,18 +98,18 @@ def _locks_score_kernel(
     R: tl.constexpr, N: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DH: tl.constexpr,
     F32: tl.constexpr, WRITE_HEADS: tl.constexpr, WRITE_PARTIALS: tl.constexpr, AGG: tl.constexpr,
-    BOUNDS_PTR: tl.constexpr,
+    BOUNDS: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)  # b * Hkv + h
     pb = tl.program_id(1)
     b = bh // Hkv
     h = bh % Hkv
-    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS_PTR)
+    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS, N)
 
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     pmask = offs_p < P
     lmask = pmask  # pages whose summaries are read
-    if BOUNDS_PTR:  # device bounds (static decode over preallocated summaries): pages >= hi are not read
+    if BOUNDS != 0:  # device bounds (static decode over preallocated summaries): pages >= hi are not read
         lmask = pmask & (offs_p < hi)
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
@@ -190,10 +194,11 @@ def _logz_kernel(pm_ptr, pl_ptr, logz_ptr, NB, BLOCK_R: tl.constexpr):
 
 @triton.jit
 def _aggregate_kernel(s_ptr, logz_ptr, agg_ptr, bounds_ptr, lo, hi, P, G,
-                      MODE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_A: tl.constexpr, BOUNDS_PTR: tl.constexpr):
+                      MODE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_A: tl.constexpr, BOUNDS: tl.constexpr,
+                      N: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
-    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS_PTR)
+    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS, N)
     pmask = offs < P
     cmask = pmask & (offs >= lo) & (offs < hi)
     g = tl.arange(0, BLOCK_G)
@@ -239,25 +244,29 @@ def _prepare(q: Tensor, s: QuantizedPageSummaries):
     return q, parts, (B, Hq, H, Hq // H, P, d, n, r)
 
 
-def _bounds_args(lo, hi, P: int, device):
-    """(bounds tensor or None, lo int, hi int, BOUNDS_PTR)."""
+def _bounds_args(lo, hi, P: int, device, length=None):
+    """(pointer tensor or None, lo int, hi int, BOUNDS mode of `_bounds`)."""
+    if length is not None:
+        if not isinstance(length, Tensor) or length.numel() != 1 or isinstance(lo, Tensor) or isinstance(hi, Tensor):
+            raise ValueError("with `length` (a one-element device tensor), lo and hi must be ints")
+        return length.reshape(1), max(0, int(lo)), int(hi or 0), 2
     if isinstance(lo, Tensor) or isinstance(hi, Tensor):
         lo_t = lo if isinstance(lo, Tensor) else torch.full((), int(lo), device=device)
         hi_t = hi if isinstance(hi, Tensor) else torch.full((), int(P if hi is None else hi), device=device)
         bounds = torch.stack([lo_t.reshape(()), hi_t.reshape(())]).to(device=device, dtype=torch.int32)
-        return bounds, 0, 0, True
+        return bounds, 0, 0, 1
     hi = P if hi is None else int(hi)
-    return None, max(0, int(lo)), min(P, hi), False
+    return None, max(0, int(lo)), min(P, hi), 0
 
 
-def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, num_warps=4):
+def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, num_warps=4, length=None):
     q, (mu, mus, hm, vp, ci, w), (B, Hq, H, G, P, d, n, r) = _prepare(q, s)
     check_device(_locks_score_kernel, q, mu)
     dev = q.device
     block_g = pow2(G, 16)
     bp = _block_p(block_g, n, block_p)
     nb = cdiv(P, bp)
-    bounds, lo_i, hi_i, from_ptr = _bounds_args(lo, hi, P, dev)
+    bounds, lo_i, hi_i, from_ptr = _bounds_args(lo, hi, P, dev, length)
     heads = empty(B, Hq, P, dtype=torch.float32, device=dev) if write_heads else None
     partials = agg in (2, 3) and log_z is None
     pm = empty(B, Hq, nb, dtype=torch.float32, device=dev) if partials else None
@@ -278,7 +287,7 @@ def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block
             lo_i, hi_i, H, P, nb, G, d, float(scaling),
             R=r, N=n, BLOCK_G=block_g, BLOCK_P=bp, BLOCK_D=pow2(d, 16), BLOCK_DH=pow2(d // 2, 16),
             F32=f32, WRITE_HEADS=write_heads, WRITE_PARTIALS=partials, AGG=agg if one_pass else 0,
-            BOUNDS_PTR=from_ptr, num_warps=num_warps,
+            BOUNDS=from_ptr, num_warps=num_warps,
         )
     return heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr), (B, Hq, H, G, P, nb, block_g)
 
@@ -292,12 +301,16 @@ def locks_page_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, *, b
 
 
 def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, group: int, mode: str = "norm",
-                            lo=0, hi=None, *, log_z: Tensor | None = None, return_heads: bool = False,
-                            block_p: int | None = None, block_a: int = 256, num_warps: int = 4):
+                            lo=0, hi=None, *, length: Tensor | None = None, log_z: Tensor | None = None,
+                            return_heads: bool = False, block_p: int | None = None, block_a: int = 256,
+                            num_warps: int = 4):
     """A [B, Hkv, P] fp32 == `aggregate_heads(page_scores(q, s, scaling), group, mode, candidates)` where the
     candidates are the pages [lo, hi) (hi=None: P); other pages get -inf.
 
     lo / hi: Python ints, or int tensors on the device (read by the kernels; CUDA-graph friendly).
+    length: a one-element int tensor on the device; then the candidates are [lo, length // page_size - hi) with lo,
+    hi ints (hi = pages left out before the last complete page, e.g. the recent pages): the static decode's range,
+    read by the kernels without any host-side arithmetic.
     log_z [B, Hq]: if given, norm/max use it instead of the exact current-step log Z (one-pass variant, spec A3.3).
     return_heads=True returns (A, S [B, Hq, P], log Z [B, Hq] or None): S is needed by the certificate (A5.5). In raw
     mode S is only materialized when requested; log Z is None in raw mode and when `log_z` is given.
@@ -310,7 +323,7 @@ def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float
     two_pass = agg in (2, 3) and log_z is None
     heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr), (B, Hq, H, G, P, nb, block_g) = _launch_scores(
         q, s, scaling, write_heads=two_pass or return_heads, agg=agg, lo=lo, hi=hi, log_z=log_z, block_p=block_p,
-        num_warps=num_warps)
+        num_warps=num_warps, length=length)
     logz = None
     if two_pass:
         logz = empty(B, Hq, dtype=torch.float32, device=q.device)
@@ -318,7 +331,7 @@ def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float
             _logz_kernel[(B * Hq,)](pm, pl, logz, nb, BLOCK_R=min(1024, pow2(nb, 16)))
             _aggregate_kernel[(B * H, cdiv(P, block_a))](
                 heads, logz, out, bounds if bounds is not None else logz, lo_i, hi_i, P, G,
-                MODE=agg, BLOCK_G=block_g, BLOCK_A=block_a, BOUNDS_PTR=from_ptr, num_warps=4)
+                MODE=agg, BLOCK_G=block_g, BLOCK_A=block_a, BOUNDS=from_ptr, N=s.page_size, num_warps=4)
         else:
             logz.fill_(NEG_INF)
     if return_heads:

@@ -9,6 +9,9 @@ because kmax >= kmin channel-wise (true for any real metadata; the same identity
 bf16/fp16 metadata and queries the products are exact and accumulate in fp32; with fp32 inputs the dots run in IEEE
 fp32. Output: per head [B, Hq, P] (4*G B written per page), or reduced over the group in the same program (max or
 sum over the G heads, 4 B per page) -- the `gqa=group` mode of the Quest selector.
+
+`_quest_append_kernel` -- grid (B * Hkv): the static decode's metadata update, the new key (at the device length
+minus one) folded into its page's max/min in one launch.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from torch import Tensor
 
 from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, pow2
 
-__all__ = ["quest_page_scores", "quest_group_scores", "QUEST_REDUCE"]
+__all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "QUEST_REDUCE"]
 
 QUEST_REDUCE = {"max": 1, "sum": 2}
 
@@ -102,3 +105,38 @@ def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max
     if reduce not in QUEST_REDUCE:
         raise ValueError(f"reduce must be one of {tuple(QUEST_REDUCE)} (got {reduce!r})")
     return _launch(q, kmax, kmin, QUEST_REDUCE[reduce], block_p, num_warps)
+
+
+@triton.jit
+def _quest_append_kernel(k_ptr, stride_kb, stride_kh, stride_kl, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
+                         len_ptr, Hkv, D, P: tl.constexpr, BLOCK_D: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    b = bh // Hkv
+    h = bh % Hkv
+    pos = tl.load(len_ptr).to(tl.int64) - 1
+    page = pos // P
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+    key = tl.load(k_ptr + b * stride_kb + h * stride_kh + pos * stride_kl + dd, mask=dmask)
+    row = b * stride_mb + h * stride_mh + page * stride_mp + dd
+    first = pos % P == 0  # a new page starts from its first key
+    # compared in fp32 (exact for 16-bit values; the interpreter compares bf16 by bit pattern), stored back exactly
+    key = key.to(tl.float32)
+    mx = tl.load(mx_ptr + row, mask=dmask).to(tl.float32)
+    mn = tl.load(mn_ptr + row, mask=dmask).to(tl.float32)
+    out_ty = mx_ptr.dtype.element_ty
+    tl.store(mx_ptr + row, tl.where(first, key, tl.maximum(mx, key)).to(out_ty), mask=dmask)
+    tl.store(mn_ptr + row, tl.where(first, key, tl.minimum(mn, key)).to(out_ty), mask=dmask)
+
+
+def quest_append(keys: Tensor, kmax: Tensor, kmin: Tensor, length: Tensor, page_size: int) -> None:
+    """Fold the key at slot length - 1 of keys [B, Hkv, L, d] into its page's kmax/kmin [B, Hkv, P, d] in place (the
+    page restarts from it when it is the page's first key); length is a one-element device tensor (static decode).
+    Oracle: `QuestSelector._append_static_reference`."""
+    check_device(_quest_append_kernel, keys, kmax, kmin, length)
+    B, H, _, d = keys.shape
+    if keys.stride(-1) != 1 or kmax.stride(-1) != 1 or kmax.stride() != kmin.stride() or kmax.dtype != keys.dtype:
+        raise ValueError("quest_append needs unit-stride rows and metadata of the keys' dtype and layout")
+    _quest_append_kernel[(B * H,)](keys, keys.stride(0), keys.stride(1), keys.stride(2), kmax, kmin, kmax.stride(0),
+                                   kmax.stride(1), kmax.stride(2), length.reshape(1), H, d, P=page_size,
+                                   BLOCK_D=pow2(d, 16), num_warps=1)
