@@ -756,6 +756,96 @@ def _ctx_value(label: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# end-to-end decode step (scripts/bench_e2e.py JSON lines)
+
+E2E_KEY = ["shape", "context", "method", "budget", "batch", "summaries"]
+
+
+def load_e2e(files) -> pd.DataFrame:
+    """Records of kind "e2e" of scripts/bench_e2e.py (the CUDA-graph decode step of a whole model) from *.jsonl
+    files; CPU dry-run records (timing "eager_static") are dropped (df.attrs['cpu_dry_run'] counts them).
+    Duplicates are a DuplicateRunError."""
+    rows, cpu = [], 0
+    for f in map(Path, files):
+        try:
+            lines = f.read_text().splitlines()
+        except UnicodeDecodeError:
+            continue
+        gpu = None
+        for i, line in enumerate(lines):
+            try:
+                r = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                break
+            if r is None:
+                continue
+            if not isinstance(r, dict) or "kind" not in r:
+                break
+            if r["kind"] == "run":
+                gpu = r.get("device")
+            if r["kind"] != "e2e":
+                continue
+            if r.get("timing") != "cuda_graph":
+                cpu += 1
+                continue
+            rows.append({**{k: v for k, v in r.items() if not isinstance(v, (dict, list))}, "gpu": gpu,
+                         "file": str(f), "line": i + 1})
+    df = pd.DataFrame(rows)
+    df.attrs["cpu_dry_run"] = cpu
+    if len(df):
+        key = [k for k in E2E_KEY if k in df.columns]
+        dups = [f"  {dict(zip(key, k))}: " + ", ".join(f"{a}:{b}" for a, b in zip(g['file'], g['line']))
+                for k, g in df.groupby(key, dropna=False) if len(g) > 1]
+        if dups:
+            raise DuplicateRunError("duplicate end-to-end decode measurements (same shape, context, method, "
+                                    "budget); keep one run per configuration:\n" + "\n".join(dups))
+    return df
+
+
+def e2e_table(df: pd.DataFrame) -> pd.DataFrame:
+    """rows = (shape, method); per context: ms per step (graph replay), tokens/s, speedup vs FullKV and the
+    byte-bound ceiling (FullKV bytes / the method's bytes, weights included), GB read per step."""
+    rows = {}
+    for (shape, method), g in df.groupby(["shape", "method"], sort=True):
+        row = {}
+        for _, r in g.sort_values("context").iterrows():
+            c = tokens_label(r["context"])
+            row[f"ms@{c}"] = r["ms_graph"]
+            row[f"tok/s@{c}"] = r["tokens_per_s"]
+            if pd.notna(r.get("speedup_vs_fullkv")):
+                row[f"speedup@{c}"] = r["speedup_vs_fullkv"]
+                row[f"ceiling@{c}"] = r["byte_ceiling"]
+            row[f"GB@{c}"] = r["bytes_per_step"] / 1e9
+        rows[(shape, method)] = row
+    out = pd.DataFrame.from_dict(rows, orient="index")
+    kinds = ["ms", "tok/s", "speedup", "ceiling", "GB"]
+    out = out[sorted(out.columns, key=lambda c: (kinds.index(c.split("@")[0]), _ctx_value(c.split("@")[1])))]
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["shape", "method"])
+    return out
+
+
+def plot_e2e_speedup(df: pd.DataFrame):
+    """Whole-step speedup over FullKV vs context, one panel per model shape, one colour per method: measured
+    (solid) and the byte-bound ceiling (dashed). Returns the Figure."""
+    shapes = sorted(df["shape"].unique())
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.6), squeeze=False, layout="constrained")
+    for ax, shape in zip(axes[0], shapes):
+        sub = df[(df["shape"] == shape)].dropna(subset=["speedup_vs_fullkv"])
+        for method in sorted(sub["method"].unique()):
+            s = sub[sub["method"] == method].sort_values("context")
+            x = s["context"].to_numpy(float)
+            line, = ax.plot(x, s["speedup_vs_fullkv"].to_numpy(float), marker="o", label=method)
+            ax.plot(x, s["byte_ceiling"].to_numpy(float), linestyle="--", color=line.get_color(),
+                    label=f"{method} byte ceiling")
+        ax.axhline(1.0, color="black", linestyle=":", label="FullKV")
+        _context_axis(ax, df["context"].unique())
+        ax.set_ylabel("decode-step speedup vs FullKV")
+        ax.set_title(f"{shape}: whole decode step, CUDA graph", fontsize=9)
+        ax.legend(fontsize=7)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the report
 
 

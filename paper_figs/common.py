@@ -18,6 +18,9 @@ ALL_METHODS = "fullkv,oracle,locks,quest,shadowkv,rocketkv,lrqk"
 BENCH_DECODE_CMD = ("python run.py +experiment=paper_latency   # on a GPU: scripts/bench_decode.py at 128K/256K/1M, "
                     "llama and glm shapes, batch 1 and 4, into results/gpu/decode.jsonl")
 
+BENCH_E2E_CMD = ("python run.py +experiment=paper_latency   # on a GPU: then scripts/bench_e2e.py, the CUDA-graph "
+                 "decode step of random GLM-4-9B / Llama-3.1-8B models, into results/gpu/e2e.jsonl")
+
 
 def parse_args(doc: str, argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
@@ -52,6 +55,15 @@ def latency_in(directory: Path):
     files = sorted(directory.rglob("*.jsonl"))
     lat = report.load_latency(files, progress=False) if files else None
     return lat if lat is not None and len(lat) else None
+
+
+def e2e_in(directory: Path):
+    """bench_e2e.py records under a directory (GPU only), or None when there are none."""
+    if not directory.is_dir():
+        return None
+    files = sorted(directory.rglob("*.jsonl"))
+    df = report.load_e2e(files) if files else None
+    return df if df is not None and len(df) else None
 
 
 def rel(path: Path) -> str:

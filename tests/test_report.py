@@ -275,6 +275,52 @@ def test_latency_figure_and_table(results, tmp_path):
     assert len(res["latency"]) == 0 and "15 CPU dry-run records ignored" in res["skipped"][0]
 
 
+def e2e_records(path: Path, timing: str = "cuda_graph") -> Path:
+    """JSON lines in scripts/bench_e2e.py's format (a run record, e2e measurements, checks and a profile)."""
+    recs = [{"kind": "run", "script": "bench_e2e", "device": "NVIDIA H200", "args": {}}]
+    for ctx in (131072, 262144, 1048576):
+        full_bytes = 18.8e9 + ctx * 40 * 2 * 2 * 128 * 2
+        full_ms = full_bytes / 4.5e9 * 1.1
+        for method, ratio in (("fullkv", 1.0), ("locks", None), ("quest", None)):
+            step_bytes = full_bytes if ratio else 18.8e9 + 2e8
+            ms = full_ms if ratio else step_bytes / 4.5e9 * 1.2
+            r = {"kind": "e2e", "shape": "glm", "context": ctx, "method": method, "budget": 2048, "batch": 1,
+                 "summaries": "random" if method == "locks" else None, "ms_graph": ms, "timing": timing,
+                 "tokens_per_s": 1e3 / (ms * 1.05), "bytes_per_step": step_bytes, "weights_bytes": 18.8e9}
+            if method != "fullkv":
+                r.update(speedup_vs_fullkv=full_ms / ms, byte_ceiling=full_bytes / step_bytes)
+            recs.append(r)
+            recs.append({"kind": "check", "shape": "glm", "context": ctx, "method": method, "ok": True})
+    recs.append({"kind": "profile", "shape": "glm", "context": 131072, "method": "locks", "top": []})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def test_e2e_table_and_figure(tmp_path):
+    gpu = e2e_records(tmp_path / "gpu" / "e2e.jsonl")
+    df = report.load_e2e([gpu])
+    assert len(df) == 9 and set(df["method"]) == {"fullkv", "locks", "quest"}
+    table = report.e2e_table(df)
+    full_bytes = 18.8e9 + 1048576 * 40 * 2 * 2 * 128 * 2
+    ceiling = full_bytes / (18.8e9 + 2e8)
+    assert table.loc[("glm", "locks"), "ceiling@1M"] == pytest.approx(ceiling)
+    assert table.loc[("glm", "locks"), "speedup@1M"] == pytest.approx(ceiling * 1.1 / 1.2)
+    assert table.loc[("glm", "fullkv"), "GB@128K"] == pytest.approx((18.8e9 + 131072 * 40 * 1024) / 1e9)
+    assert list(table.columns[:3]) == ["ms@128K", "ms@256K", "ms@1M"]
+    fig = report.plot_e2e_speedup(df)
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    assert {"locks", "locks byte ceiling", "quest", "quest byte ceiling", "FullKV"} <= set(lines)
+    assert lines["locks byte ceiling"].get_linestyle() == "--"
+    assert lines["locks"].get_ydata()[-1] == pytest.approx(ceiling * 1.1 / 1.2)
+    plt.close(fig)
+    # CPU dry-run records are ignored; the same measurements twice are an error
+    dry = e2e_records(tmp_path / "dry" / "e2e.jsonl", timing="eager_static")
+    assert len(report.load_e2e([dry])) == 0 and report.load_e2e([dry]).attrs["cpu_dry_run"] == 9
+    with pytest.raises(report.DuplicateRunError):
+        report.load_e2e([gpu, gpu])
+
+
 def test_paper_figs_on_fixture_results(tmp_path, capsys):
     """Each paper script on a results/ tree that has its inputs: outputs written, nothing missing."""
     import make_all
@@ -294,6 +340,7 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
         write(res / "ruler_4k", f"{method}.json", metrics(method, None if method == "fullkv" else 128, [1.0, 2, 3]))
     write(res / "ruler_4k_sweep" / "x", "metrics.json", metrics("locks", 128, [4.0, 5.0, 6.0]))
     latency_records(res / "gpu" / "bench_decode.jsonl")
+    e2e_records(res / "gpu" / "e2e.jsonl")
     out = tmp_path / "out"
     assert make_all.main(["--results", str(res), "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -302,7 +349,8 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
     names = {p.name for p in out.iterdir()}
     assert {"infinitebench_scores.md", "infinitebench_scores.tex", "longbench_curve.png", "longbench_curve.pdf",
             "latency_speedup.png", "latency_vs_context.pdf", "latency_table.md", "bytes_per_step.png",
-            "bytes_per_step.md", "ruler_embedded_scores.md", "ruler_embedded_score_vs_budget.png"} <= names
+            "bytes_per_step.md", "ruler_embedded_scores.md", "ruler_embedded_score_vs_budget.png",
+            "e2e_speedup.png", "e2e_table.md"} <= names
     ib = pd.read_csv(out / "infinitebench_scores.csv", index_col="method")
     assert list(ib.index) == ["FullKV", "Oracle", "LOCKS"] and list(ib.columns) == ["512", "2048", "n"]
     assert "longbench_curve: no runs at budget(s) [128, 256, 512, 1024]" in text
@@ -323,7 +371,7 @@ def test_make_all_on_committed_results(tmp_path):
         assert (out / name).stat().st_size > 0, name
     piv = pd.read_csv(out / "ruler_embedded_scores.csv", index_col="method")
     assert {"FullKV", "Oracle", "LOCKS"} <= set(piv.index) and {"128", "2048", "n"} <= set(piv.columns)
-    for script in ("infinitebench_table", "longbench_curve", "latency_speedup", "bytes_per_step"):
+    for script in ("infinitebench_table", "longbench_curve", "latency_speedup", "bytes_per_step", "e2e_decode"):
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{script}:")]
         if not (ROOT / "results" / {"infinitebench_table": "infinitebench_glm4_9b_chat_1m",
                                     "longbench_curve": "longbench_llama3_1_8b_instruct"}.get(script, "gpu")).exists():
