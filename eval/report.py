@@ -610,11 +610,14 @@ def save_figure(fig, stem: Path) -> list[Path]:
 # decode latency (scripts/bench_decode.py JSON lines)
 
 
-def load_latency(files, progress: bool = True) -> pd.DataFrame:
-    """Measurement records of bench_decode.py from the given *.jsonl files (non-bench files are ignored). CPU
-    dry-run records are dropped (df.attrs['cpu_dry_run'] counts them). Duplicates are a DuplicateRunError."""
+def load_bench_records(files, kind: str, gpu_timing, key: list[str], what: str, progress: bool = True) -> pd.DataFrame:
+    """Records of one `kind` from benchmark JSON-lines files (other files are ignored: reading a file stops at its
+    first line that is not a JSON object with a "kind"), flat fields only, plus the run's device ("gpu") and the
+    source file:line. Records whose timing fails `gpu_timing` (CPU dry runs) are dropped and counted in
+    df.attrs['cpu_dry_run']; two records with the same `key` are a DuplicateRunError naming both places."""
     rows, cpu = [], 0
-    for f in tqdm(list(files), desc="reading latency", unit="file", disable=not progress or len(files) < 2):
+    files = list(files)
+    for f in tqdm(files, desc=f"reading {what}", unit="file", disable=not progress or len(files) < 2):
         f = Path(f)
         gpu = None
         try:
@@ -632,9 +635,9 @@ def load_latency(files, progress: bool = True) -> pd.DataFrame:
                 break
             if r["kind"] == "run":
                 gpu = r.get("device")
-            if r["kind"] != "measurement" or "ms" not in r:
+            if r["kind"] != kind:
                 continue
-            if r.get("timing") == "cpu_wall":
+            if not gpu_timing(r.get("timing")):
                 cpu += 1
                 continue
             rows.append({**{k: v for k, v in r.items() if not isinstance(v, (dict, list))}, "gpu": gpu,
@@ -642,13 +645,20 @@ def load_latency(files, progress: bool = True) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df.attrs["cpu_dry_run"] = cpu
     if len(df):
-        key = [k for k in LATENCY_KEY if k in df.columns]
-        dups = [f"  {dict(zip(key, k))}: " + ", ".join(f"{a}:{b}" for a, b in zip(g['file'], g['line']))
-                for k, g in df.groupby(key, dropna=False) if len(g) > 1]
+        cols = [k for k in key if k in df.columns]
+        dups = [f"  {dict(zip(cols, k))}: " + ", ".join(f"{a}:{b}" for a, b in zip(g['file'], g['line']))
+                for k, g in df.groupby(cols, dropna=False) if len(g) > 1]
         if dups:
-            raise DuplicateRunError("duplicate decode-latency measurements (same shape, context, batch, method, "
-                                    "budget); keep one run per configuration:\n" + "\n".join(dups))
+            raise DuplicateRunError(f"duplicate {what} measurements (same {', '.join(cols)}); keep one run per "
+                                    "configuration:\n" + "\n".join(dups))
     return df
+
+
+def load_latency(files, progress: bool = True) -> pd.DataFrame:
+    """Measurement records of bench_decode.py from the given *.jsonl files (non-bench files are ignored). CPU
+    dry-run records are dropped (df.attrs['cpu_dry_run'] counts them). Duplicates are a DuplicateRunError."""
+    df = load_bench_records(files, "measurement", lambda t: t != "cpu_wall", LATENCY_KEY, "decode-latency", progress)
+    return df[df["ms"].notna()] if "ms" in df.columns else df
 
 
 def _latency_panels(lat: pd.DataFrame):
@@ -761,45 +771,11 @@ def _ctx_value(label: str) -> int:
 E2E_KEY = ["shape", "context", "method", "budget", "batch", "summaries"]
 
 
-def load_e2e(files) -> pd.DataFrame:
+def load_e2e(files, progress: bool = True) -> pd.DataFrame:
     """Records of kind "e2e" of scripts/bench_e2e.py (the CUDA-graph decode step of a whole model) from *.jsonl
     files; CPU dry-run records (timing "eager_static") are dropped (df.attrs['cpu_dry_run'] counts them).
     Duplicates are a DuplicateRunError."""
-    rows, cpu = [], 0
-    for f in map(Path, files):
-        try:
-            lines = f.read_text().splitlines()
-        except UnicodeDecodeError:
-            continue
-        gpu = None
-        for i, line in enumerate(lines):
-            try:
-                r = json.loads(line) if line.strip() else None
-            except json.JSONDecodeError:
-                break
-            if r is None:
-                continue
-            if not isinstance(r, dict) or "kind" not in r:
-                break
-            if r["kind"] == "run":
-                gpu = r.get("device")
-            if r["kind"] != "e2e":
-                continue
-            if r.get("timing") != "cuda_graph":
-                cpu += 1
-                continue
-            rows.append({**{k: v for k, v in r.items() if not isinstance(v, (dict, list))}, "gpu": gpu,
-                         "file": str(f), "line": i + 1})
-    df = pd.DataFrame(rows)
-    df.attrs["cpu_dry_run"] = cpu
-    if len(df):
-        key = [k for k in E2E_KEY if k in df.columns]
-        dups = [f"  {dict(zip(key, k))}: " + ", ".join(f"{a}:{b}" for a, b in zip(g['file'], g['line']))
-                for k, g in df.groupby(key, dropna=False) if len(g) > 1]
-        if dups:
-            raise DuplicateRunError("duplicate end-to-end decode measurements (same shape, context, method, "
-                                    "budget); keep one run per configuration:\n" + "\n".join(dups))
-    return df
+    return load_bench_records(files, "e2e", lambda t: t == "cuda_graph", E2E_KEY, "end-to-end decode", progress)
 
 
 def e2e_table(df: pd.DataFrame) -> pd.DataFrame:
