@@ -219,10 +219,16 @@ class SelectorCache(Cache):
         """After a static step (outside the graph): advance the host-side lengths, let each selector do its host
         upkeep (e.g. summarize a page the step completed) and account the step."""
         self.static_steps += 1
-        for layer, info in zip(self.layers, self.infos):
+        for layer in self.layers:
             layer.length += 1
-            L = layer.length
-            layer.selector.after_static_step(layer._k, layer._v, L)
+        L = self.layers[0].length
+        by_method: dict[type, list[SelectorLayer]] = {}
+        for layer in self.layers:
+            by_method.setdefault(type(layer.selector), []).append(layer)
+        for method, layers in by_method.items():
+            method.after_static_steps([la.selector for la in layers], [la._k for la in layers],
+                                      [la._v for la in layers], L)
+        for layer, info in zip(self.layers, self.infos):
             forced, metadata, attended = layer.selector.static_step_cost(L)
             token_bytes = 2.0 * info.head_dim * info.kv_element_bytes * info.num_kv_heads  # K and V of all KV heads
             attended = attended or 0.0  # None: counted on the device, folded in by finish_static

@@ -6,6 +6,8 @@ is S_{g,j} = logsumexp_i s (q_g . mu_j + (V_j^T q_g) . c_i); `PageSelector` aggr
 forced set and takes the top pages. Summaries are built in one batch at prefill and one page at a time during
 decode, when a page's last token arrives (A2); the partial page is attended densely until then.
 """
+import torch
+
 from locks.pages import PageSelector
 from locks.selector import ConfigError, register
 from locks.summaries import (build_summaries, concat_summaries, page_scores, preallocate_summaries, score_bound,
@@ -47,15 +49,26 @@ class LocksSelector(PageSelector):
         self.summaries = preallocate_summaries(self.summaries, self.static_pages)
 
     def after_static_step(self, keys, values, length):
-        # Pages complete on the host's schedule: a step that fills page j writes it here, after the step; j is a
-        # recent (forced) page at the next steps, so no step scores a page before its summary exists.
-        n = self.page_size
-        pages = length // n
-        if pages > self.pages_built:
-            new = build_summaries(keys[:, :, self.pages_built * n : pages * n], n, self.rank, self.quant,
-                                  head_mean=self.summaries.head_mean)
-            write_summaries(self.summaries, new, self.pages_built)
-            self.pages_built = pages
+        self.after_static_steps([self], [keys], [values], length)
+
+    @classmethod
+    def after_static_steps(cls, selectors, keys, values, length):
+        # Pages complete on the host's schedule: a step that fills page j summarizes it here, after the step; j is a
+        # recent (forced) page at the next steps, so no step scores a page before its summary exists. All layers'
+        # new pages go through one build call, stacked on the head axis (pages are summarized independently).
+        todo = [(s, k) for s, k in zip(selectors, keys) if length // s.page_size > s.pages_built]
+        groups: dict[tuple, list] = {}
+        for s, k in todo:
+            groups.setdefault((s.page_size, s.rank, s.quant, s.pages_built), []).append((s, k))
+        for (n, rank, quant, built), members in groups.items():
+            pages = length // n
+            new = build_summaries(torch.cat([k[:, :, built * n : pages * n] for _, k in members], dim=1), n, rank,
+                                  quant, head_mean=torch.cat([s.summaries.head_mean for s, _ in members], dim=1))
+            h = 0
+            for s, k in members:
+                write_summaries(s.summaries, new, built, heads=slice(h, h + k.shape[1]))
+                h += k.shape[1]
+                s.pages_built = pages
 
     def static_candidate_scores(self, query, keys, length):
         if self.info.backend != "triton" or self.quant != "int":

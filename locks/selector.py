@@ -178,6 +178,14 @@ class Selector(ABC):
     def after_static_step(self, keys: Tensor, values: Tensor, length: int) -> None:
         """Outside the graph, after each step: the cache now holds `length` tokens."""
 
+    @classmethod
+    def after_static_steps(cls, selectors: list["Selector"], keys: list[Tensor], values: list[Tensor],
+                           length: int) -> None:
+        """`after_static_step` of every layer using this method at once (a method may batch the work over layers).
+        Default: one call per layer."""
+        for selector, k, v in zip(selectors, keys, values):
+            selector.after_static_step(k, v, length)
+
     def static_step_cost(self, length: int) -> tuple[float, float, float | None]:
         """(forced tokens per KV head, metadata bytes over KV heads, attended tokens per KV head) of the step that
         attended at `length` tokens, computed on the host; attended is None exactly when the step's Selection has

@@ -502,13 +502,14 @@ def preallocate_summaries(s: Summaries, pages: int) -> Summaries:
     return type(s)(**out)
 
 
-def write_summaries(dst: Summaries, src: Summaries, start: int) -> None:
-    """Copy the pages of `src` into `dst` at pages [start, start + src.num_pages), in place (same head_mean)."""
+def write_summaries(dst: Summaries, src: Summaries, start: int, heads: slice = slice(None)) -> None:
+    """Copy the pages of `src` (its heads `heads`) into `dst` at pages [start, start + src.num_pages), in place
+    (same head_mean)."""
     if type(dst) is not type(src):
         raise TypeError(f"cannot write {type(src).__name__} into {type(dst).__name__}")
     for f in fields(dst):
         if f.name != "head_mean":
-            getattr(dst, f.name)[:, :, start : start + src.num_pages] = getattr(src, f.name)
+            getattr(dst, f.name)[:, :, start : start + src.num_pages] = getattr(src, f.name)[:, heads]
 
 
 def dequantize(s: QuantizedPageSummaries) -> tuple[Tensor, Tensor, Tensor]:

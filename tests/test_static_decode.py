@@ -195,3 +195,22 @@ def test_static_decode_choice_and_errors(tiny):
                                            ("shadowkv", 512, {}, "shadowkv")]:
         with pytest.raises(ConfigError, match=match):
             run(tiny, method, budget, options, True, n=3)
+
+
+def test_pages_completed_during_static_decode_are_summarized_like_eager(tiny):
+    """The summaries of the pages completed while decoding (built after each step, all layers in one batched call)
+    equal a per-layer build of the same keys, and unbuilt pages are still zero."""
+    from dataclasses import fields
+
+    from locks.summaries import build_summaries
+
+    _, cache = run(tiny, "locks", 128, {}, True)  # 301 + 39 tokens: pages 18 .. 20 completed while decoding
+    L = cache.get_seq_length()
+    for layer in cache.layers:
+        s = layer.selector
+        assert s.pages_built == L // 16 == 21
+        ref = build_summaries(layer._k[:, :, 18 * 16 : 21 * 16], 16, s.rank, s.quant, head_mean=s.summaries.head_mean)
+        for f in fields(ref):
+            if f.name != "head_mean":
+                assert torch.equal(getattr(s.summaries, f.name)[:, :, 18:21], getattr(ref, f.name)), f.name
+                assert not getattr(s.summaries, f.name)[:, :, 21:].any(), f.name
