@@ -88,13 +88,17 @@ def test_bench_e2e_dry_run(tmp_path):
     assert recs[0]["kind"] == "run" and recs[0]["script"] == "bench_e2e"
     e2e = {r["method"]: r for r in recs if r["kind"] == "e2e"}
     checks = {r["method"]: r for r in recs if r["kind"] == "check"}
-    assert set(e2e) == set(checks) == {"fullkv", "locks", "quest"}
+    assert set(e2e) == set(checks) == {"fullkv", "fullkv_sdpa", "locks", "quest"}
     assert all(c["ok"] and c["max_rel_err"] <= 1e-2 for c in checks.values())
     for method, r in e2e.items():
         assert r["ms_graph"] > 0 and r["tokens_per_s"] > 0 and r["timing"] == "eager_static"
         assert r["bytes_per_step"] > r["weights_bytes"] > 0
     full = e2e["fullkv"]
     assert full["attended_tokens"] > 700 and "speedup_vs_fullkv" not in full
+    assert e2e["fullkv_sdpa"]["bytes_per_step"] == full["bytes_per_step"]
+    faster = min(("fullkv", "fullkv_sdpa"), key=lambda m: e2e[m]["ms_graph"])
+    assert e2e["locks"]["fullkv_reference"] == faster  # speedups against the faster FullKV
+    assert e2e["locks"]["speedup_vs_fullkv"] == pytest.approx(e2e[faster]["ms_graph"] / e2e["locks"]["ms_graph"])
     assert e2e["locks"]["attended_tokens"] <= 128  # quest keeps its first 2 of the 3 layers dense
     for method in ("locks", "quest"):  # budget 128 of ~710 tokens: fewer K/V bytes than FullKV
         assert e2e[method]["attended_tokens"] < full["attended_tokens"]
