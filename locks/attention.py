@@ -262,4 +262,8 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
             alive = (torch.arange(C, device=q.device) < length).expand(B, keys.shape[1], -1)
             coverage = torch.exp(lse - dense_lse(q, keys, scaling, alive)).sum().to(torch.float64).reshape(1)
         cache.static_coverage[layer_idx : layer_idx + 1].add_(coverage)
+        if sel.certify is not None and lse is not None:
+            c = sel.certify(lse)
+            cache.static_certificate[layer_idx].add_(torch.stack([c["certificate"], c["plugin_coverage"],
+                                                                  c["count"]]).to(torch.float64))
     return out.unsqueeze(1)

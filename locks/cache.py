@@ -196,6 +196,8 @@ class SelectorCache(Cache):
         self.static_length = torch.ones(1, dtype=torch.long, device=device)
         self.static_attended = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
         self.static_coverage = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
+        # per layer: certificate sum, plug-in coverage sum, heads certified (Selection.certify, when measured)
+        self.static_certificate = torch.zeros(len(self.layers), 3, dtype=torch.float64, device=device)
         self.static_steps = 0
         for layer in self.layers:
             layer._grow(capacity, exact=True)
@@ -206,7 +208,7 @@ class SelectorCache(Cache):
 
     def static_counters(self) -> list[Tensor]:
         """The device tensors a static step accumulates into (attended tokens, coverage per layer)."""
-        return [self.static_attended, self.static_coverage]
+        return [self.static_attended, self.static_coverage, self.static_certificate]
 
     def set_static_position(self, position: int) -> None:
         """Before a static step: the new token goes to slot `position`, so `position + 1` tokens are valid."""
@@ -245,6 +247,10 @@ class SelectorCache(Cache):
             batch = self.layers[0]._k.shape[0]
             self.stats.coverage_sum += float(self.static_coverage.sum())
             self.stats.coverage_count += self.static_steps * len(self.layers) * batch * info.num_heads
+            certificate, plugin, count = self.static_certificate.sum(0).tolist()
+            self.stats.certificate_sum += certificate
+            self.stats.plugin_sum += plugin
+            self.stats.certificate_count += int(round(count))
         for counter in self.static_counters():
             counter.zero_()
         self.static_steps = 0

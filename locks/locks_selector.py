@@ -75,8 +75,10 @@ class LocksSelector(PageSelector):
             return super().static_candidate_scores(query, keys, length)
         from locks.kernels import locks_aggregated_scores
 
-        return locks_aggregated_scores(query, self.summaries, self.info.scaling, self.info.group_size,
-                                       mode=self.aggregation, lo=self.sink_pages, hi=self.recent_pages, length=length)
+        agg, heads, _ = locks_aggregated_scores(query, self.summaries, self.info.scaling, self.info.group_size,
+                                                mode=self.aggregation, lo=self.sink_pages, hi=self.recent_pages,
+                                                length=length, return_heads=True)
+        return agg, heads
 
     def scored_pages(self, query, keys, num_pages, forced, forced_log_mass):
         # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the

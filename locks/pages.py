@@ -195,7 +195,7 @@ class PageSelector(Selector):
             return Selection.all_tokens()
         n, S, R = self.page_size, self.sink_pages, self.recent_pages
         Kt = self.budget // n - S - R
-        agg = self.static_candidate_scores(query, keys, length)
+        agg, scores = self.static_candidate_scores(query, keys, length)
         top = torch.topk(agg, Kt, dim=-1).indices
         if self.info.backend == "triton":
             from locks.kernels.static_pages import static_pages
@@ -203,16 +203,41 @@ class PageSelector(Selector):
             pages, valid = static_pages(top, length, self.budget, n, S, R)
         else:
             pages, valid = static_page_list(top, length, self.budget, n, S, R)
-        return Selection(pages=pages.unsqueeze(2), page_valid=valid.unsqueeze(2), page_size=n, attended_on_host=True)
+        return Selection(pages=pages.unsqueeze(2), page_valid=valid.unsqueeze(2), page_size=n, attended_on_host=True,
+                         certify=self._static_certificate(query, scores, pages, valid, length))
 
-    def static_candidate_scores(self, query: Tensor, keys: Tensor, length: Tensor) -> Tensor:
-        """A [B, Hkv, P] over all preallocated pages, -inf outside the candidates [S, L // n - R)."""
-        P, n = self.static_pages, self.page_size
+    def static_candidate_scores(self, query: Tensor, keys: Tensor, length: Tensor) -> tuple[Tensor, Tensor]:
+        """(A [B, Hkv, P] over all preallocated pages, -inf outside the candidates [S, L // n - R); the per-head
+        scores S [B, Hq, P], meaningful on the candidates)."""
+        P = self.static_pages
         scores = self.page_scores(query, keys, P)
-        pages = torch.arange(P, device=query.device)
-        hi = torch.div(length, n, rounding_mode="floor") - self.recent_pages
-        candidates = ((pages >= self.sink_pages) & (pages < hi)).expand(query.shape[0], keys.shape[1], P)
-        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates)
+        candidates = self._static_candidates(length).expand(query.shape[0], keys.shape[1], P)
+        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates), scores
+
+    def _static_candidates(self, length: Tensor) -> Tensor:
+        pages = torch.arange(self.static_pages, device=length.device)
+        hi = torch.div(length, self.page_size, rounding_mode="floor") - self.recent_pages
+        return (pages >= self.sink_pages) & (pages < hi)
+
+    def _static_certificate(self, query: Tensor, scores: Tensor, pages: Tensor, valid: Tensor, length: Tensor):
+        """`_certificate` for a static step (lazy: computed only when the step measures coverage): the candidate
+        pages outside the page list bound the missing mass. Returns sums and a count, zero while L <= budget (no
+        page was scored then, as in eager decoding)."""
+        def certify(lse_sel: Tensor) -> dict[str, Tensor]:
+            B, Hq, P = scores.shape
+            chosen = torch.zeros(B, pages.shape[1], P + 1, dtype=torch.int32, device=scores.device)
+            chosen.scatter_reduce_(2, pages.long().clamp(0, P), valid.to(torch.int32), reduce="amax")
+            outside = (self._static_candidates(length) & (chosen[..., :P] == 0)).repeat_interleave(
+                self.info.group_size, dim=1)
+            eta = self.score_bounds(query, P)
+            rest_bound = torch.logsumexp((scores + eta).masked_fill(~outside, float("-inf")), dim=-1)
+            rest_plugin = torch.logsumexp(scores.masked_fill(~outside, float("-inf")), dim=-1)
+            scored = (length > self.budget).to(torch.float64).reshape(())
+            return {"certificate": (torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_bound)).sum() * scored),
+                    "plugin_coverage": (torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_plugin)).sum() * scored),
+                    "count": scored * (B * Hq)}
+
+        return certify
 
     def static_step_cost(self, length: int) -> tuple[float, float, float]:
         num_pages, tail, forced, k_pages, _ = self._plan(length)

@@ -58,7 +58,9 @@ def test_static_decode_matches_eager(tiny, method, budget, options):
     for key in ("decode_steps", "bytes_read_per_step", "full_bytes_per_step", "metadata_bytes_per_step",
                 "attended_tokens_per_step", "forced_tokens_per_step", "context_tokens_per_step"):
         assert b[key] == pytest.approx(a[key], rel=1e-12), key
-    assert b["coverage"] == pytest.approx(a["coverage"], rel=1e-5)
+    for key in ("coverage", "certificate", "plugin_coverage"):  # LOCKS's per-step certificate (A5.5) too
+        assert (b[key] is None) if a[key] is None else b[key] == pytest.approx(a[key], rel=1e-5), key
+    assert (a["certificate"] is not None) == (method == "locks")
     if method != "fullkv":  # the budget is really selecting here
         assert a["attended_tokens_per_step"] < a["context_tokens_per_step"] and a["coverage"] < 1
 
