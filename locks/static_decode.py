@@ -5,9 +5,9 @@ hides any attention saving (gpt-fast's lesson). After the prefill the cache is p
 (`SelectorCache.start_static`); the step reads its token, position and valid length from fixed device buffers and
 every selector's `select_static` has fixed shapes, so one capture serves every later step. Host-side upkeep (page
 summaries, accounting) runs between replays in `SelectorCache.finish_static_step`. Off CUDA the same static step runs
-eagerly, so everything but the capture itself is exercised by the CPU tests. Bytes, attended and forced tokens and
-coverage are accounted as in eager decoding; LOCKS's per-step certificate (A5.5) and Quest's union ratio are only
-computed by eager steps.
+eagerly, so everything but the capture itself is exercised by the CPU tests. Bytes, attended and forced tokens,
+coverage and LOCKS's per-step certificate (A5.5) are accounted as in eager decoding; Quest's union-ratio metric is
+only computed by eager steps.
 """
 from __future__ import annotations
 
