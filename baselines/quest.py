@@ -176,7 +176,7 @@ class QuestSelector(Selector):
         B, Hkv, L, d = keys.shape
         if self.length < L:  # the harness appends first; this only covers direct calls without append
             self._extend(keys)
-        P, G, s = self.page_size, self.info.group_size, self.info.kv_element_bytes
+        P = self.page_size
         num_pages = -(-L // P)
         if self.page_rule == "kernel":
             page_budget = self.budget // P
