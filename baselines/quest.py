@@ -232,9 +232,10 @@ class QuestSelector(Selector):
         return None
 
     def start_static(self, capacity):
-        self.static_fits = -(-capacity // self.page_size) <= self.budget // self.page_size
+        pages = -(-capacity // self.page_size)
+        self.static_fits = pages <= self.budget // self.page_size
         if not self.dense:
-            self._reserve(self._max, -(-capacity // self.page_size))
+            self._reserve(self._max, pages)
             self._max[:, :, self.num_pages :] = 0  # never-written pages hold finite values (their scores are masked)
             self._min[:, :, self.num_pages :] = 0
 

@@ -15,6 +15,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from locks.pages import pages_to_tokens
 from locks.selector import ConfigError, PrefillContext, Selection, StepStats, check_finite
 
 ATTENTION_NAME = "sparse_kv"
@@ -88,12 +89,11 @@ def attended_per_kv_head(sel: Selection, length: int) -> Tensor:
 def paged_tokens(sel: Selection, length: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
     """A paged Selection as token indices [B, Hkv, Gs, Kp * n] (clamped to the cache) and their validity: the page
     is valid and the token is below the device length."""
-    n = sel.page_size
-    tokens = sel.pages.long().unsqueeze(-1) * n + torch.arange(n, device=sel.pages.device)
+    tokens = pages_to_tokens(sel.pages.long(), sel.page_size)
     valid = tokens < length
     if sel.page_valid is not None:
-        valid = valid & sel.page_valid.unsqueeze(-1)
-    return tokens.flatten(-2).clamp(0, capacity - 1), valid.flatten(-2)
+        valid = valid & sel.page_valid.repeat_interleave(sel.page_size, dim=-1)
+    return tokens.clamp(0, capacity - 1), valid
 
 
 def paged_attended(sel: Selection, length: Tensor, capacity: int) -> Tensor:

@@ -8,6 +8,7 @@ The cache never evicts physically: `get_seq_length()` is always the logical leng
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -207,8 +208,19 @@ class SelectorCache(Cache):
         self.phase = "decode_static"
 
     def static_counters(self) -> list[Tensor]:
-        """The device tensors a static step accumulates into (attended tokens, coverage per layer)."""
+        """The device tensors a static step accumulates into (attended tokens, coverage, certificate per layer)."""
         return [self.static_attended, self.static_coverage, self.static_certificate]
+
+    @contextlib.contextmanager
+    def static_counters_kept(self):
+        """Runs of a static step inside this block (warm-ups, a capture, timing replays) leave the counters as they
+        were: a step at a fixed position is otherwise idempotent."""
+        saved = [t.clone() for t in self.static_counters()]
+        try:
+            yield
+        finally:
+            for t, value in zip(self.static_counters(), saved):
+                t.copy_(value)
 
     def set_static_position(self, position: int) -> None:
         """Before a static step: the new token goes to slot `position`, so `position + 1` tokens are valid."""

@@ -227,15 +227,10 @@ class PageSelector(Selector):
             B, Hq, P = scores.shape
             chosen = torch.zeros(B, pages.shape[1], P + 1, dtype=torch.int32, device=scores.device)
             chosen.scatter_reduce_(2, pages.long().clamp(0, P), valid.to(torch.int32), reduce="amax")
-            outside = (self._static_candidates(length) & (chosen[..., :P] == 0)).repeat_interleave(
-                self.info.group_size, dim=1)
-            eta = self.score_bounds(query, P)
-            rest_bound = torch.logsumexp((scores + eta).masked_fill(~outside, float("-inf")), dim=-1)
-            rest_plugin = torch.logsumexp(scores.masked_fill(~outside, float("-inf")), dim=-1)
+            outside = self._static_candidates(length) & (chosen[..., :P] == 0)
+            bounds = self._coverage_bounds(lse_sel, *self._outside_mass(query, scores, outside))
             scored = (length > self.budget).to(torch.float64).reshape(())
-            return {"certificate": (torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_bound)).sum() * scored),
-                    "plugin_coverage": (torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_plugin)).sum() * scored),
-                    "count": scored * (B * Hq)}
+            return {**{name: b.sum() * scored for name, b in bounds.items()}, "count": scored * (B * Hq)}
 
         return certify
 
@@ -264,17 +259,20 @@ class PageSelector(Selector):
 
         (rigorous: l_j <= S_j + eta_bar_j), and the plug-in estimate with eta_bar = 0 (no guarantee).
         """
-        B, Hq, _ = scores.shape
-        G = self.info.group_size
-        outside = torch.ones(B, chosen.shape[1], num_pages, dtype=torch.bool, device=scores.device)
+        outside = torch.ones(scores.shape[0], chosen.shape[1], num_pages, dtype=torch.bool, device=scores.device)
         outside.scatter_(2, chosen, False)
-        outside = outside.repeat_interleave(G, dim=1)  # [B, Hq, P]
-        eta = self.score_bounds(query, num_pages)
-        rest_bound = torch.logsumexp((scores + eta).masked_fill(~outside, float("-inf")), dim=-1)
-        rest_plugin = torch.logsumexp(scores.masked_fill(~outside, float("-inf")), dim=-1)
+        rest_bound, rest_plugin = self._outside_mass(query, scores, outside)
+        return lambda lse_sel: self._coverage_bounds(lse_sel, rest_bound, rest_plugin)
 
-        def certify(lse_sel: Tensor) -> dict[str, Tensor]:
-            return {"certificate": torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_bound)),
-                    "plugin_coverage": torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_plugin))}
+    def _outside_mass(self, query: Tensor, scores: Tensor, outside: Tensor) -> tuple[Tensor, Tensor]:
+        """(logsumexp over the pages outside the set of S + eta_bar, the same with eta_bar = 0) per query head, for
+        outside [B, Hkv, P] (bool, shared by the group) and scores S [B, Hq, P]."""
+        outside = outside.repeat_interleave(self.info.group_size, dim=1)  # [B, Hq, P]
+        eta = self.score_bounds(query, scores.shape[-1])
+        return (torch.logsumexp((scores + eta).masked_fill(~outside, float("-inf")), dim=-1),
+                torch.logsumexp(scores.masked_fill(~outside, float("-inf")), dim=-1))
 
-        return certify
+    @staticmethod
+    def _coverage_bounds(lse_sel: Tensor, rest_bound: Tensor, rest_plugin: Tensor) -> dict[str, Tensor]:
+        return {"certificate": torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_bound)),
+                "plugin_coverage": torch.exp(lse_sel - torch.logaddexp(lse_sel, rest_plugin))}

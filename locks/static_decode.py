@@ -57,15 +57,13 @@ class StaticDecodeStep:
         # Warm-up on a side stream (Triton compiles, cuBLAS allocates its workspace), then capture. A step at a fixed
         # position rewrites the same cache slot and metadata, so repeating it leaves the state of one step; only the
         # device-side counters accumulate, and they are restored.
-        counters = [t.clone() for t in self.cache.static_counters()]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self.forward()
-        for t, saved in zip(self.cache.static_counters(), counters):
-            t.copy_(saved)
+        with self.cache.static_counters_kept():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self.forward()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self.forward()

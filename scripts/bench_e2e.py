@@ -211,17 +211,11 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         step.position_ids.fill_(position)
         cache.set_static_position(position)
 
-    def untimed_counters(fn):  # repeated runs of one step must not add to the device-side accounting
-        saved = [c.clone() for c in cache.static_counters()]
-        out = fn()
-        for c, value in zip(cache.static_counters(), saved):
-            c.copy_(value)
-        return out
-
     with torch.inference_mode():
         place(L)
-        eager = untimed_counters(lambda: time_ms(step.forward, device, args.eager_reps))
-        eager_logits = untimed_counters(lambda: step.forward().float().clone())
+        with cache.static_counters_kept():  # repeated runs of one step add nothing to the accounting
+            eager = time_ms(step.forward, device, args.eager_reps)
+            eager_logits = step.forward().float().clone()
         logits = step(token, L).float()  # captures on CUDA, then replays; the cache now holds L + 1 tokens
         cache.stats.steps += 1
         err = rel_err(logits, eager_logits)
@@ -249,9 +243,10 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         if step.cuda_graph:
             step._capture()
         replay = step.graph.replay if step.graph is not None else step.forward
-        graph = untimed_counters(lambda: time_ms(replay, device, args.reps))
-        if args.profile_reps > 0:
-            untimed_counters(lambda: profile_step(args, rec, base, replay, device))
+        with cache.static_counters_kept():
+            graph = time_ms(replay, device, args.reps)
+            if args.profile_reps > 0:
+                profile_step(args, rec, base, replay, device)
     stats = cache.stats.summary()
     step_bytes = weights + stats["bytes_read_per_step"]
     ms = statistics.median(graph)
