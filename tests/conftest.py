@@ -9,6 +9,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+
+def greedy(model, ids, n, method="fullkv", budget=4096, **options):
+    """Greedy decoding of `n` tokens through the sparse_kv attention with a fresh SelectorCache for `method`
+    -> (generated ids, cache)."""
+    from locks.attention import register_attention
+    from locks.cache import SelectorCache
+    from locks.generation import generate
+    from locks.selector import MethodSpec
+
+    model.set_attn_implementation(register_attention())
+    cache = SelectorCache(model, MethodSpec(method, budget, options))
+    return generate(model, cache, ids, n), cache
+
 TINY_LLAMA = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
 

@@ -7,7 +7,7 @@ from locks.attention import ATTENTION_NAME, register_attention
 from locks.cache import SelectorCache
 from locks.generation import generate
 from locks.selector import ConfigError, MethodSpec
-from tests.conftest import TINY_LLAMA
+from tests.conftest import TINY_LLAMA, greedy
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +23,6 @@ def stock_greedy(model, ids, n):
     return out[:, ids.shape[1]:]
 
 
-def ours(model, ids, n, method="fullkv", budget=4096, **options):
-    model.set_attn_implementation(register_attention())
-    cache = SelectorCache(model, MethodSpec(method, budget, options))
-    return generate(model, cache, ids, n), cache
-
-
 def test_attention_and_mask_registered_under_one_name():
     register_attention()
     assert ATTENTION_NAME in AttentionInterface._global_mapping
@@ -38,7 +32,7 @@ def test_attention_and_mask_registered_under_one_name():
 def test_fullkv_token_identical_to_stock_sdpa_tiny(tiny):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 333), generator=torch.Generator().manual_seed(1))
     ref = stock_greedy(tiny, ids, 40)
-    out, cache = ours(tiny, ids, 40)
+    out, cache = greedy(tiny, ids, 40)
     assert torch.equal(out, ref)
     s = cache.stats.summary()
     assert s["decode_steps"] == 39 and s["bytes_read_per_step"] == s["full_bytes_per_step"]
@@ -70,7 +64,7 @@ def test_selectors_with_budget_covering_context_match_fullkv(tiny, method, optio
 
 def test_sparse_budget_reads_fewer_bytes(tiny):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 600), generator=torch.Generator().manual_seed(3))
-    out, cache = ours(tiny, ids, 10, "locks", 128)
+    out, cache = greedy(tiny, ids, 10, "locks", 128)
     s = cache.stats.summary()
     assert s["attended_tokens_per_step"] <= 128
     assert s["bytes_read_per_step"] < 0.5 * s["full_bytes_per_step"]
@@ -79,9 +73,9 @@ def test_sparse_budget_reads_fewer_bytes(tiny):
 
 def test_batch_of_equal_length_prompts_matches_single_rows(tiny):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 250), generator=torch.Generator().manual_seed(4))
-    both, _ = ours(tiny, ids, 12, "locks", 96)
+    both, _ = greedy(tiny, ids, 12, "locks", 96)
     for row in range(2):
-        single, _ = ours(tiny, ids[row:row + 1], 12, "locks", 96)
+        single, _ = greedy(tiny, ids[row:row + 1], 12, "locks", 96)
         assert torch.equal(both[row, : single.shape[1]], single[0])
 
 
@@ -118,7 +112,7 @@ def test_pre_rope_keys_equal_the_key_projection(model_name, request):
     captured = {}
     hook = model.model.layers[1].self_attn.k_proj.register_forward_hook(lambda m, i, o: captured.setdefault("k", o))
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 120))
-    _, cache = ours(model, ids, 1)
+    _, cache = greedy(model, ids, 1)
     hook.remove()
     H, d = TINY_LLAMA["num_key_value_heads"], TINY_LLAMA["head_dim"]
     k_pre = captured["k"].view(1, 120, H, d).transpose(1, 2)
@@ -135,10 +129,10 @@ def test_shadowkv_runs_on_glm(tiny_glm):
     """ShadowKV (pre-RoPE SVD, re-rotated reconstructed keys) on GLM's RoPE layout: with every token in budget it
     reproduces FullKV's greedy tokens; at a small budget it decodes."""
     ids = torch.randint(0, TINY_GLM["vocab_size"], (1, 300), generator=torch.Generator().manual_seed(3))
-    full, _ = ours(tiny_glm, ids, 8)
-    everything, _ = ours(tiny_glm, ids, 8, method="shadowkv", budget=4096)
+    full, _ = greedy(tiny_glm, ids, 8)
+    everything, _ = greedy(tiny_glm, ids, 8, method="shadowkv", budget=4096)
     assert torch.equal(everything, full)
-    small, cache = ours(tiny_glm, ids, 8, method="shadowkv", budget=128)
+    small, cache = greedy(tiny_glm, ids, 8, method="shadowkv", budget=128)
     assert small.shape == (1, 8) and cache.stats.summary()["attended_tokens_per_step"] <= 128
 
 
@@ -149,7 +143,7 @@ def test_embedded_model_fullkv_token_identical_to_stock_sdpa(embedded):
                                    add_generation_prompt=True, tokenize=False)
     ids = tok(text, add_special_tokens=False, return_tensors="pt").input_ids
     ref = stock_greedy(model, ids, 16)
-    out, _ = ours(model, ids, 16)
+    out, _ = greedy(model, ids, 16)
     model.set_attn_implementation(ATTENTION_NAME)
     assert torch.equal(out, ref)
 
@@ -160,7 +154,7 @@ def test_nan_keys_raise_a_clear_error():
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.weight[0, 0] = float("nan")
     with pytest.raises(ConfigError, match="NaN or inf"):
-        ours(model, torch.randint(0, 100, (1, 20)), 2, "locks", 64)
+        greedy(model, torch.randint(0, 100, (1, 20)), 2, "locks", 64)
 
 
 @pytest.mark.parametrize("method,options", [("locks", {}), ("quest", {"dense_layers": 0}),

@@ -6,11 +6,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from baselines.lrqk import als, decode_coordinates, init_factors, kaczmarz, replace_slots
-from locks.attention import register_attention, sparse_decode
-from locks.cache import SelectorCache
-from locks.generation import generate
+from locks.attention import sparse_decode
 from locks.selector import ConfigError, LayerInfo, MethodSpec, PrefillContext
-from tests.conftest import TINY_LLAMA
+from tests.conftest import TINY_LLAMA, greedy
 from tests.test_selectors import D, SCALE, build, dense_reference, make_kv
 
 B, HQ, HKV, G = 2, 4, 2, 2
@@ -311,21 +309,13 @@ def tiny():
     return LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, attn_implementation="sdpa")).eval()
 
 
-def run(model, ids, n, method, budget, **options):
-    from locks.selector import MethodSpec
-
-    model.set_attn_implementation(register_attention())
-    cache = SelectorCache(model, MethodSpec(method, budget, options))
-    return generate(model, cache, ids, n), cache
-
-
 def test_generate_large_budget_matches_fullkv_and_small_budget_saves_bytes(tiny):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 600), generator=torch.Generator().manual_seed(3))
-    ref, _ = run(tiny, ids, 12, "fullkv", 4096)
-    out, _ = run(tiny, ids, 12, "lrqk", 4096)
+    ref, _ = greedy(tiny, ids, 12, "fullkv", 4096)
+    out, _ = greedy(tiny, ids, 12, "lrqk", 4096)
     assert torch.equal(out, ref)
     budget, lite = 64, 16
-    out, cache = run(tiny, ids, 12, "lrqk", budget, rank=4, lite_tokens=lite)
+    out, cache = greedy(tiny, ids, 12, "lrqk", budget, rank=4, lite_tokens=lite)
     s = cache.stats.summary()
     assert out.shape == (1, 12) and s["decode_steps"] == 11
     # per query head budget tokens; the harness counts the union over the G query heads of a KV head

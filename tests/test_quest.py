@@ -8,9 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from locks.attention import register_attention, sparse_decode
 from locks.cache import SelectorCache
-from locks.generation import generate
 from locks.selector import ConfigError, LayerInfo, MethodSpec, PrefillContext
-from tests.conftest import TINY_LLAMA
+from tests.conftest import TINY_LLAMA, greedy
 from tests.test_selectors import D, SCALE, decode_output, dense_reference, make_kv
 
 P = 16
@@ -363,21 +362,15 @@ def tiny4():
     return LlamaForCausalLM(LlamaConfig(**{**TINY_LLAMA, "num_hidden_layers": 4}, attn_implementation="sdpa")).eval()
 
 
-def run(model, ids, n, method, budget, **options):
-    model.set_attn_implementation(register_attention())
-    cache = SelectorCache(model, MethodSpec(method, budget, options))
-    return generate(model, cache, ids, n), cache
-
-
 def test_dense_layers_bit_identical_to_fullkv(tiny4):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 150), generator=torch.Generator().manual_seed(1))
     captured = {}
     hooks = [tiny4.model.layers[i].self_attn.register_forward_hook(
         lambda m, inp, out, i=i: captured.setdefault(i, []).append(out[0].detach().clone())) for i in range(4)]
     try:
-        out_q, cache_q = run(tiny4, ids, 8, "quest", 32)
+        out_q, cache_q = greedy(tiny4, ids, 8, "quest", 32)
         got, captured = captured, {}
-        out_f, _ = run(tiny4, ids, 8, "fullkv", 4096)
+        out_f, _ = greedy(tiny4, ids, 8, "fullkv", 4096)
         ref = captured
     finally:
         for h in hooks:
@@ -431,13 +424,13 @@ def test_dense_layers_bit_identical_at_every_teacher_forced_step(tiny4):
 
 def test_generate_large_budget_matches_fullkv_and_small_budget_saves_bytes(tiny4):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 160), generator=torch.Generator().manual_seed(3))
-    ref, _ = run(tiny4, ids, 8, "fullkv", 4096)
+    ref, _ = greedy(tiny4, ids, 8, "fullkv", 4096)
     for options in ({}, {"page_rule": "eval"}, {"gqa": "group"}):
-        out, _ = run(tiny4, ids, 8, "quest", 4096, **options)
+        out, _ = greedy(tiny4, ids, 8, "quest", 4096, **options)
         assert torch.equal(out, ref)
     G = TINY_LLAMA["num_attention_heads"] // TINY_LLAMA["num_key_value_heads"]
     for options, bound in [({"gqa": "group"}, 32), ({"gqa": "group", "page_rule": "eval"}, 32), ({}, 32 * G)]:
-        out, cache = run(tiny4, ids, 8, "quest", 32, dense_layers=0, **options)
+        out, cache = greedy(tiny4, ids, 8, "quest", 32, dense_layers=0, **options)
         s = cache.stats.summary()
         assert out.shape == (1, 8) and s["decode_steps"] == 7
         assert s["attended_tokens_per_step"] <= bound  # per KV head: union of the G query heads' sets in per_head
