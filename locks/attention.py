@@ -172,8 +172,7 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
     alive = None if selector.alive is None else selector.alive_mask(L)
     if sel.dense and alive is not None:
         sel = _alive_selection(alive)
-    elem = info.kv_element_bytes
-    full_bytes = 2.0 * L * d * elem * Hkv
+    full_bytes = L * info.token_kv_bytes
     lse = None
     if sel.dense:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -187,7 +186,7 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
             o, lse = sparse_decode(q, key, value, sel, scaling)
         out = o.unsqueeze(1)  # [B, 1, Hq, d]
         attended = float(attended_per_kv_head(sel, L).mean())
-    kv_bytes = sel.kv_bytes if sel.kv_bytes is not None else 2.0 * attended * d * elem * Hkv
+    kv_bytes = sel.kv_bytes if sel.kv_bytes is not None else attended * info.token_kv_bytes
     stats = StepStats(
         attended_tokens=attended,
         forced_tokens=float(sel.forced_tokens),

@@ -244,17 +244,16 @@ class SelectorCache(Cache):
                                       [la._v for la in layers], L)
         for layer, info in zip(self.layers, self.infos):
             forced, metadata, attended = layer.selector.static_step_cost(L)
-            token_bytes = 2.0 * info.head_dim * info.kv_element_bytes * info.num_kv_heads  # K and V of all KV heads
             attended = attended or 0.0  # None: counted on the device, folded in by finish_static
             self.stats.add(StepStats(attended_tokens=attended, forced_tokens=forced, metadata_bytes=metadata,
-                                     kv_bytes=attended * token_bytes, h2d_bytes=0.0, full_bytes=L * token_bytes),
-                           L, None)
+                                     kv_bytes=attended * info.token_kv_bytes, h2d_bytes=0.0,
+                                     full_bytes=L * info.token_kv_bytes), L, None)
 
     def finish_static(self) -> None:
         """After the last static step: fold the attended tokens counted on the device into the stats (one read)."""
         info = self.infos[0]
         tokens = float(self.static_attended.sum())
-        self.stats.add_attended(tokens, 2.0 * tokens * info.head_dim * info.kv_element_bytes * info.num_kv_heads)
+        self.stats.add_attended(tokens, tokens * info.token_kv_bytes)
         if self.measure_coverage and self.static_steps:
             batch = self.layers[0]._k.shape[0]
             self.stats.coverage_sum += float(self.static_coverage.sum())

@@ -51,6 +51,11 @@ class LayerInfo:
     def group_size(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def token_kv_bytes(self) -> float:
+        """Bytes of one cached token's K and V over all KV heads: 2 * d * s * H_kv."""
+        return 2.0 * self.head_dim * self.kv_element_bytes * self.num_kv_heads
+
 
 @dataclass
 class PrefillContext:
