@@ -8,8 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from baselines.rocketkv import approx_scores, rocket_params, snapkv_scores
 from locks.selector import ConfigError, PrefillContext
-from tests.conftest import TINY_LLAMA
-from tests.test_integration import ours
+from tests.conftest import TINY_LLAMA, greedy
 from tests.test_selectors import D, SCALE, build, decode_output, dense_reference, make_kv
 
 
@@ -360,8 +359,8 @@ def tiny():
 
 def test_tiny_llama_large_budget_equals_fullkv(tiny):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 300), generator=torch.Generator().manual_seed(2))
-    ref, _ = ours(tiny, ids, 20, "fullkv")
-    out, cache = ours(tiny, ids, 20, "rocketkv", 4096)
+    ref, _ = greedy(tiny, ids, 20, "fullkv")
+    out, cache = greedy(tiny, ids, 20, "rocketkv", 4096)
     assert torch.equal(out, ref)
     assert cache.extra_metrics()["kept_fraction"] == 1.0
 
@@ -369,7 +368,7 @@ def test_tiny_llama_large_budget_equals_fullkv(tiny):
 @pytest.mark.parametrize("mode,attended", [("fair", 64), ("paper", 32)])
 def test_tiny_llama_small_budget(tiny, mode, attended):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 600), generator=torch.Generator().manual_seed(3))
-    out, cache = ours(tiny, ids, 10, "rocketkv", 64, budget_mode=mode)
+    out, cache = greedy(tiny, ids, 10, "rocketkv", 64, budget_mode=mode)
     s = cache.stats.summary()
     assert out.shape == (1, 10) and s["decode_steps"] == 9
     assert s["attended_tokens_per_step"] <= attended and s["forced_tokens_per_step"] == 0

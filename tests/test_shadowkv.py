@@ -7,8 +7,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from locks.attention import sparse_decode
 from locks.selector import ConfigError, PrefillContext
-from tests.conftest import TINY_LLAMA
-from tests.test_integration import ours, teacher_forced_logits
+from tests.conftest import TINY_LLAMA, greedy
+from tests.test_integration import teacher_forced_logits
 from tests.test_selectors import D, SCALE, build, dense_reference, make_kv
 from tests.test_selectors import prefill as selectors_prefill
 
@@ -395,8 +395,8 @@ def tiny():
 
 def test_tiny_llama_large_budget_matches_fullkv(tiny):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 300), generator=torch.Generator().manual_seed(2))
-    ref_tokens, _ = ours(tiny, ids, 16, "fullkv", 4096)
-    out, cache = ours(tiny, ids, 16, "shadowkv", 4096, outlier_chunks=4)
+    ref_tokens, _ = greedy(tiny, ids, 16, "fullkv", 4096)
+    out, cache = greedy(tiny, ids, 16, "shadowkv", 4096, outlier_chunks=4)
     assert torch.equal(out, ref_tokens)
     m = cache.extra_metrics()
     assert m["effective_rank"] == TINY_LLAMA["num_key_value_heads"] * TINY_LLAMA["head_dim"]  # 32 < 160
@@ -409,7 +409,7 @@ def test_tiny_llama_large_budget_matches_fullkv(tiny):
 
 def test_tiny_llama_small_fair_budget(tiny):
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 600), generator=torch.Generator().manual_seed(3))
-    out, cache = ours(tiny, ids, 10, "shadowkv", 128)
+    out, cache = greedy(tiny, ids, 10, "shadowkv", 128)
     s = cache.stats.summary()
     assert out.shape == (1, 10)
     assert s["attended_tokens_per_step"] <= 128
