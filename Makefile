@@ -2,8 +2,9 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+TRITON36 := $(VENV)/triton-3.6/.installed-stamp
 
-.PHONY: install run test bench figures clean
+.PHONY: install run test bench figures kernels clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,7 +16,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llama-index-core==0.14.25
 	touch $(STAMP)
 
-install: $(STAMP)
+# the H200 image's triton beside CI's (not importable by default): tests/test_compile_kernels.py compiles every kernel
+# with both
+$(TRITON36): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/triton-3.6 triton==3.6.0
+	touch $(TRITON36)
+
+install: $(STAMP) $(TRITON36)
 
 run: install
 	$(PY) run.py method=locks budget=2048
@@ -25,6 +32,11 @@ test: install
 
 bench: install
 	$(PY) scripts/bench_summaries.py --tokens 65536 --dim 128 --out results/bench_summaries.json
+
+# every Triton kernel configuration compiled for sm_90 and sm_80 with triton 3.9 (CI's) and 3.6 (the H200 image's)
+kernels: install
+	$(PY) scripts/compile_kernels.py --quiet
+	PYTHONPATH=$(VENV)/triton-3.6 $(PY) scripts/compile_kernels.py --quiet
 
 figures: install
 	$(PY) paper_figs/make_all.py

@@ -633,20 +633,22 @@ def run_config(args, rec: Recorder, timer: Timer, device, shape_name, dims, L, B
 
 def _tune(args, rec, timer, base, slots, K, scaling, G, lo, hi, n, L):
     """A few block-size variants of the Triton kernels (to pick defaults on the GPU)."""
+    from locks.kernels.tuning import TUNING_VARIANTS
+
+    def label(method, kw):
+        return f"{method} " + " ".join(f"{k}={v}" for k, v in kw.items())
+
+    calls = {
+        "locks_aggregated_scores": ("locks_score", lambda sl, kw: K.locks_aggregated_scores(
+            sl["q"], sl["summ"], scaling, G, "norm", lo, hi, **kw)),
+        "full_decode": ("triton_full", lambda sl, kw: K.full_decode(sl["q"], sl["k"], sl["v"], scaling, **kw)),
+        "quest_group_scores": ("quest_group", lambda sl, kw: K.quest_group_scores(sl["q"], sl["qmax"], sl["qmin"],
+                                                                                  "max", **kw)),
+    }
     variants = []
-    for bp in (16, 32, 64):
-        for w in (4, 8):
-            variants.append((f"locks_score block_p={bp} num_warps={w}",
-                             lambda sl, bp=bp, w=w: K.locks_aggregated_scores(sl["q"], sl["summ"], scaling, G, "norm",
-                                                                              lo, hi, block_p=bp, num_warps=w)))
-    for bn in (32, 64, 128):
-        for w in (4, 8):
-            variants.append((f"triton_full block_n={bn} num_warps={w}",
-                             lambda sl, bn=bn, w=w: K.full_decode(sl["q"], sl["k"], sl["v"], scaling, block_n=bn,
-                                                                  num_warps=w)))
-    for bp in (32, 64, 128):
-        variants.append((f"quest_group block_p={bp}",
-                         lambda sl, bp=bp: K.quest_group_scores(sl["q"], sl["qmax"], sl["qmin"], "max", block_p=bp)))
+    for entry, kws in TUNING_VARIANTS.items():
+        method, call = calls[entry]
+        variants += [(label(method, kw), lambda sl, call=call, kw=kw: call(sl, kw)) for kw in kws]
     for name, f in variants:
         try:
             with torch.no_grad():

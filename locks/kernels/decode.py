@@ -37,14 +37,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, num_sms, pow2
+from locks.kernels._common import (cdiv, check_device, dot_in_f32, empty, interpreted, launch, num_sms, pow2,
+                                   resident_blocks)
 
 __all__ = ["sparse_decode", "paged_decode", "full_decode", "decode_splits"]
 
 _TOKENS, _PAGES, _CONTIG = 0, 1, 2
+# Scalar arguments that only bound loops and masks: not specialized on their value (no recompile when a decode
+# length crosses a multiple of 16 or a list has one split; docs/kernels.md). Strides stay specialized (alignment).
+_COUNTS_DECODE = ["Hkv", "GS", "NG", "K", "length", "L", "NSPLIT"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_COUNTS_DECODE)
 def _decode_split_kernel(
     q_ptr, stride_qb, stride_qh,
     k_ptr, stride_kb, stride_kh, stride_kl,
@@ -135,7 +139,7 @@ def _decode_split_kernel(
     tl.store(l_ptr + row, l_i, mask=gmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NG", "NSPLIT"])
 def _combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, lse_ptr, NG, D, NSPLIT,
                     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * Hq + query head
@@ -173,11 +177,13 @@ def _combine_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, lse_ptr, NG, D, NSPLIT,
 
 
 def decode_splits(rows: int, K: int, block_n: int, device: torch.device, num_splits: int | None = None,
-                  max_splits: int = 256) -> tuple[int, int]:
-    """(num_splits, tokens_per_split): about 4 programs per SM in total, splits of whole BLOCK_N tiles."""
+                  max_splits: int = 256, resident: int = 4) -> tuple[int, int]:
+    """(num_splits, tokens_per_split): one wave -- rows * num_splits <= SMs * `resident` (blocks of the kernel
+    configuration that fit on an SM at once) -- of splits of whole BLOCK_N tiles. More programs than resident slots
+    would run as a second, partly empty wave (docs/kernels.md)."""
     tiles = max(1, cdiv(K, block_n))
     if num_splits is None:
-        num_splits = cdiv(4 * num_sms(device), max(1, rows))
+        num_splits = (num_sms(device) * max(1, resident)) // max(1, rows)
     num_splits = max(1, min(int(num_splits), tiles, max_splits))
     tps = cdiv(tiles, num_splits) * block_n
     return max(1, cdiv(K, tps)), tps
@@ -208,34 +214,40 @@ def _run(query, keys, values, scaling, mode, idx, valid, gs, K, length, page, nu
     dev = query.device
     f32 = dot_in_f32(_decode_split_kernel, query.dtype, keys.dtype, values.dtype) or not (
         query.dtype == keys.dtype == values.dtype)
-    if block_n is None:
-        block_n = 64
+    # fp32 operands (IEEE dots, no tensor cores) at d = 128 spill with 64-token tiles and 4 warps (kernels_compile.md)
+    wide_f32 = d > 64 and not all(t.dtype in (torch.bfloat16, torch.float16) for t in (query, keys, values))
+    block_n = block_n or (32 if wide_f32 else 64)
+    num_warps = num_warps or (8 if wide_f32 else 4)
     rows = B * Hkv * gs
-    ns, tps = decode_splits(rows, K, block_n, dev, num_splits)
-    acc = empty(rows * ns * ng, d, dtype=torch.float32, device=dev)
-    m = empty(rows * ns * ng, dtype=torch.float32, device=dev)
-    l = empty(rows * ns * ng, dtype=torch.float32, device=dev)
     # The interpreter's fp32 -> bf16 cast truncates (triton 3.9 cast_impl); there the kernel stores fp32 and torch
     # rounds to nearest even, as the GPU's store does.
     out_dtype = torch.float32 if interpreted(_combine_kernel) else query.dtype
     out = empty(B, Hq, d, dtype=out_dtype, device=dev)
     lse = empty(B, Hq, dtype=torch.float32, device=dev)
     stride_ir = idx.shape[-1] if idx is not None else 0
-    dummy = m
     length_ptr = isinstance(length, Tensor)
-    _decode_split_kernel[(rows, ns)](
-        query, query.stride(0), query.stride(1),
-        keys, keys.stride(0), keys.stride(1), keys.stride(2),
-        values, values.stride(0), values.stride(1), values.stride(2),
-        idx if idx is not None else dummy, valid if valid is not None else dummy, stride_ir,
-        acc, m, l, length if length_ptr else dummy,
-        Hkv, gs, ng, d, K, 0 if length_ptr else length, max(L, 1), tps, ns, float(scaling),
-        MODE=mode, PAGE=page, HAS_VALID=valid is not None, LENGTH_PTR=length_ptr,
-        BLOCK_G=pow2(ng, 16), BLOCK_N=block_n, BLOCK_D=pow2(d, 16), F32=f32,
-        SPLIT_P=values.dtype in (torch.bfloat16, torch.float16), num_warps=num_warps,
-    )
-    _combine_kernel[(B * Hq,)](acc, m, l, out, lse, ng, d, ns, BLOCK_S=min(32, pow2(ns, 2)), BLOCK_D=pow2(d, 16),
-                               num_warps=4)
+    meta = dict(MODE=mode, PAGE=page, HAS_VALID=valid is not None, LENGTH_PTR=length_ptr,
+                BLOCK_G=pow2(ng, 16), BLOCK_N=block_n, BLOCK_D=pow2(d, 16), F32=f32,
+                SPLIT_P=values.dtype in (torch.bfloat16, torch.float16), num_warps=num_warps)
+
+    def args(ns, tps, acc, m, l):  # absent idx / valid / length point at m: their constexpr flags are off
+        return (query, query.stride(0), query.stride(1),
+                keys, keys.stride(0), keys.stride(1), keys.stride(2),
+                values, values.stride(0), values.stride(1), values.stride(2),
+                idx if idx is not None else m, valid if valid is not None else m, stride_ir,
+                acc, m, l, length if length_ptr else m,
+                Hkv, gs, ng, d, K, 0 if length_ptr else length, max(L, 1), tps, ns, float(scaling))
+
+    resident = 1
+    if num_splits is None:  # one wave of this configuration's resident blocks (the split count is not specialized)
+        resident = resident_blocks(_decode_split_kernel, args(2, block_n, lse, lse, lse), meta, dev)
+    ns, tps = decode_splits(rows, K, block_n, dev, num_splits, resident=resident)
+    acc = empty(rows * ns * ng, d, dtype=torch.float32, device=dev)
+    m = empty(rows * ns * ng, dtype=torch.float32, device=dev)
+    l = empty(rows * ns * ng, dtype=torch.float32, device=dev)
+    launch(_decode_split_kernel, (rows, ns), *args(ns, tps, acc, m, l), **meta)
+    launch(_combine_kernel, (B * Hq,), acc, m, l, out, lse, ng, d, ns, BLOCK_S=32, BLOCK_D=pow2(d, 16),
+           num_warps=4)
     return out.to(query.dtype), lse
 
 
@@ -256,7 +268,7 @@ def _list_args(indices: Tensor, valid: Tensor | None, B: int, Hkv: int, G: int, 
 
 
 def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel, scaling: float, *, num_splits: int | None = None,
-                  block_n: int | None = None, num_warps: int = 4) -> tuple[Tensor, Tensor]:
+                  block_n: int | None = None, num_warps: int | None = None) -> tuple[Tensor, Tensor]:
     """(out [B, Hq, d] in query dtype, lse [B, Hq] fp32) == `locks.attention.sparse_decode(query, keys, values, sel,
     scaling)`: sel.indices [B, Hkv, Gs, K] token indices (Gs = 1 or G), sel.valid masks entries out.
 
@@ -279,7 +291,7 @@ def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel, scaling: flo
 
 def paged_decode(query: Tensor, keys: Tensor, values: Tensor, pages: Tensor, scaling: float,
                  page_valid: Tensor | None = None, page_size: int = 16, length: int | Tensor | None = None, *,
-                 num_splits: int | None = None, block_n: int | None = None, num_warps: int = 4):
+                 num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None):
     """Same as `sparse_decode` with the selection given as page ids: pages [B, Hkv, Kp] or [B, Hkv, Gs, Kp]
     (int32/int64), page_valid of the same shape (bool) or None. Page j covers tokens [j*page_size, (j+1)*page_size)
     truncated at `length` (default: all cached tokens), so the partial last page is simply its page id."""
@@ -295,7 +307,7 @@ def paged_decode(query: Tensor, keys: Tensor, values: Tensor, pages: Tensor, sca
 
 
 def full_decode(query: Tensor, keys: Tensor, values: Tensor, scaling: float, length: int | Tensor | None = None, *,
-                num_splits: int | None = None, block_n: int | None = None, num_warps: int = 4):
+                num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None):
     """FullKV decode with the same kernel: attention of each query head over tokens [0, length) (default: all),
     contiguous (no index loads). Returns (out [B, Hq, d] in query dtype, lse [B, Hq] fp32)."""
     query, keys, values = _check_kv(query, keys, values)

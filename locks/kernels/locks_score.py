@@ -17,7 +17,11 @@ the even and odd channels of the queries, which it loads as two strided [G, d/2]
 column (q.mu_int, q_even.lo, q_odd.hi) are tl.dot calls with the G heads padded to 16 rows (tensor cores): with
 bf16/fp16 queries the int4/int8 operands are exact in the query dtype, so the products are exact and only the fp32
 accumulation order differs from the fp32 reference; with fp32 queries the dots run in IEEE fp32 (never TF32).
-The rank-r term is a [G, BLOCK_P, n] fp32 tensor built by r broadcast multiply-adds; the page LSE reduces it over n.
+The rank-r term is built by r broadcast multiply-adds (a runtime loop over m, not unrolled: unrolled, ptxas hoisted
+the r loads and spilled) into a [G, BLOCK_P, IC] fp32 tile of IC tokens; the page LSE streams over the n / IC chunks
+(running max and sum), re-reading the rank-r factors per chunk from L1. Launch shapes (`_launch_config`, chosen from
+the compile table results/kernels_compile.md, docs/kernels.md): 16 pages per program; 16-bit queries one chunk (IC = n)
+and 4 warps, fp32 queries IC = 4 and 8 warps -- no register spills on sm_80 / sm_90.
 
 GQA aggregation (`locks_aggregated_scores`), exact two-pass scheme, candidate pages = the range [lo, hi):
   pass 1 (kernel 1) writes the per-head scores S [B, Hq, P] (fp32, 4*G B per page) and, per program, every head's
@@ -45,12 +49,13 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, pow2
+from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, launch, pow2
 from locks.summaries import QuantizedPageSummaries
 
 __all__ = ["locks_page_scores", "locks_aggregated_scores", "LOCKS_AGGREGATIONS"]
 
 LOCKS_AGGREGATIONS = {"raw": 1, "norm": 2, "max": 3}
+_MAX_BLOCK_R = 4096  # log Z of 65,536 pages (1M tokens, 16 pages per block) in one tile
 NEG_INF = float("-inf")
 
 
@@ -89,13 +94,13 @@ def _group_reduce(x, gmask, MODE: tl.constexpr):
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lo", "hi", "Hkv", "NB", "G"])
 def _locks_score_kernel(
     q_ptr, stride_qb, stride_qh,
     mu_ptr, mus_ptr, hm_ptr, v_ptr, c_ptr, w_ptr,
     s_ptr, agg_ptr, pm_ptr, pl_ptr, logz_ptr, bounds_ptr,
     lo, hi, Hkv, P, NB, G, D, scaling,
-    R: tl.constexpr, N: tl.constexpr,
+    R: tl.constexpr, N: tl.constexpr, IC: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DH: tl.constexpr,
     F32: tl.constexpr, WRITE_HEADS: tl.constexpr, WRITE_PARTIALS: tl.constexpr, AGG: tl.constexpr,
     BOUNDS: tl.constexpr,
@@ -117,7 +122,7 @@ def _locks_score_kernel(
     dmask = dd < D
     kh = tl.arange(0, BLOCK_DH)
     khmask = kh < D // 2
-    ii = tl.arange(0, N)
+    ii = tl.arange(0, IC)
 
     # queries of the group: full rows (mu term), even / odd channels (int4 nibbles), all in the query dtype
     q_rows = q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh
@@ -132,23 +137,29 @@ def _locks_score_kernel(
     a = tl.load(mus_ptr + page, mask=lmask, other=0.0).to(tl.float32)
     mu_term = q_mh[:, None] + a[None, :] * _mm_t(q, mu, F32)  # [BLOCK_G, BLOCK_P]
 
-    low = tl.zeros([BLOCK_G, BLOCK_P, N], dtype=tl.float32)
-    for m in tl.static_range(R):
-        vb = tl.load(v_ptr + (page * R + m)[:, None] * (D // 2) + kh[None, :],
-                     mask=lmask[:, None] & khmask[None, :], other=0).to(tl.int32)
-        v_lo = vb & 15
-        v_hi = (vb >> 4) & 15
-        v_lo = tl.where(v_lo >= 8, v_lo - 16, v_lo)
-        v_hi = tl.where(v_hi >= 8, v_hi - 16, v_hi)
-        u = _mm_t(qe, v_lo, F32) + _mm_t(qo, v_hi, F32)  # [BLOCK_G, BLOCK_P]
-        wm = tl.load(w_ptr + page * R + m, mask=lmask, other=0.0)
-        u = u * wm[None, :]
-        cm = tl.load(c_ptr + (page * N)[:, None] * R + ii[None, :] * R + m, mask=lmask[:, None], other=0)
-        low += u[:, :, None] * cm.to(tl.float32)[None, :, :]
-
-    logit = (mu_term[:, :, None] + low) * scaling
-    mx = tl.max(logit, axis=2)
-    S = mx + tl.log(tl.sum(tl.exp(logit - mx[:, :, None]), axis=2))  # [BLOCK_G, BLOCK_P]
+    # S = logsumexp over the page's n tokens, streamed over chunks of IC tokens (running max mx, sum sm); the
+    # rank-r factors are re-read per chunk (L1 hits) so that only a [BLOCK_G, BLOCK_P, IC] tile is live
+    mx = tl.full([BLOCK_G, BLOCK_P], float("-inf"), dtype=tl.float32)
+    sm = tl.zeros([BLOCK_G, BLOCK_P], dtype=tl.float32)
+    for i0 in range(0, N, IC):
+        low = tl.zeros([BLOCK_G, BLOCK_P, IC], dtype=tl.float32)
+        for m in range(R):
+            vb = tl.load(v_ptr + (page * R + m)[:, None] * (D // 2) + kh[None, :],
+                         mask=lmask[:, None] & khmask[None, :], other=0).to(tl.int32)
+            v_lo = vb & 15
+            v_hi = (vb >> 4) & 15
+            v_lo = tl.where(v_lo >= 8, v_lo - 16, v_lo)
+            v_hi = tl.where(v_hi >= 8, v_hi - 16, v_hi)
+            u = _mm_t(qe, v_lo, F32) + _mm_t(qo, v_hi, F32)  # [BLOCK_G, BLOCK_P]
+            wm = tl.load(w_ptr + page * R + m, mask=lmask, other=0.0)
+            u = u * wm[None, :]
+            cm = tl.load(c_ptr + (page * N)[:, None] * R + (i0 + ii)[None, :] * R + m, mask=lmask[:, None], other=0)
+            low += u[:, :, None] * cm.to(tl.float32)[None, :, :]
+        logit = (mu_term[:, :, None] + low) * scaling
+        new = tl.maximum(mx, tl.max(logit, axis=2))
+        sm = sm * tl.exp(mx - new) + tl.sum(tl.exp(logit - new[:, :, None]), axis=2)
+        mx = new
+    S = mx + tl.log(sm)  # [BLOCK_G, BLOCK_P]
 
     if WRITE_HEADS:
         tl.store(s_ptr + (bh * G + g)[:, None] * P + offs_p[None, :], S, mask=gmask[:, None] & pmask[None, :])
@@ -171,7 +182,7 @@ def _locks_score_kernel(
         tl.store(agg_ptr + bh * P + offs_p, A, mask=pmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NB"])
 def _logz_kernel(pm_ptr, pl_ptr, logz_ptr, NB, BLOCK_R: tl.constexpr):
     """log Z of one query head from its per-block (max, sum exp) partials."""
     row = tl.program_id(0).to(tl.int64)
@@ -192,7 +203,7 @@ def _logz_kernel(pm_ptr, pl_ptr, logz_ptr, NB, BLOCK_R: tl.constexpr):
     tl.store(logz_ptr + row, tl.where(L > 0, safe + tl.log(L), float("-inf")))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lo", "hi", "G"])
 def _aggregate_kernel(s_ptr, logz_ptr, agg_ptr, bounds_ptr, lo, hi, P, G,
                       MODE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_A: tl.constexpr, BOUNDS: tl.constexpr,
                       N: tl.constexpr):
@@ -214,13 +225,14 @@ def _aggregate_kernel(s_ptr, logz_ptr, agg_ptr, bounds_ptr, lo, hi, P, G,
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _block_p(block_g: int, n: int, block_p: int | None) -> int:
-    """Pages per program: the [BLOCK_G, BLOCK_P, n] fp32 logit tile stays around 8K elements (16..64 pages)."""
-    if block_p is not None:
-        return block_p
-    bp = 8192 // (block_g * n)
-    bp = 1 << (max(1, bp).bit_length() - 1)
-    return min(64, max(16, bp))
+def _launch_config(q_dtype: torch.dtype, block_g: int, n: int, block_p: int | None, num_warps: int | None):
+    """(BLOCK_P, IC, num_warps) of the scoring kernel, from the compile table (results/kernels_compile.md):
+    16-bit queries: 16 pages per program, the page's n tokens in one chunk, 4 warps (~120 registers: 4 blocks per
+    SM, no spills); fp32 queries (IEEE dots, no tensor cores): chunks of 4 tokens, 8 warps (no spills)."""
+    sixteen = q_dtype in (torch.bfloat16, torch.float16)
+    bp = block_p if block_p is not None else max(16, 256 // block_g)
+    ic = n if sixteen else min(n, 4)
+    return bp, ic, num_warps if num_warps is not None else (4 if sixteen else 8)
 
 
 def _prepare(q: Tensor, s: QuantizedPageSummaries):
@@ -259,12 +271,13 @@ def _bounds_args(lo, hi, P: int, device, length=None):
     return None, max(0, int(lo)), min(P, hi), 0
 
 
-def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, num_warps=4, length=None):
+def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, num_warps=None,
+                   length=None):
     q, (mu, mus, hm, vp, ci, w), (B, Hq, H, G, P, d, n, r) = _prepare(q, s)
     check_device(_locks_score_kernel, q, mu)
     dev = q.device
     block_g = pow2(G, 16)
-    bp = _block_p(block_g, n, block_p)
+    bp, ic, num_warps = _launch_config(q.dtype, block_g, n, block_p, num_warps)
     nb = cdiv(P, bp)
     bounds, lo_i, hi_i, from_ptr = _bounds_args(lo, hi, P, dev, length)
     heads = empty(B, Hq, P, dtype=torch.float32, device=dev) if write_heads else None
@@ -278,14 +291,15 @@ def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block
     dummy = mus  # never dereferenced: the matching constexpr flag is off
     f32 = dot_in_f32(_locks_score_kernel, q.dtype)
     if P > 0:
-        _locks_score_kernel[(B * H, nb)](
+        launch(
+            _locks_score_kernel, (B * H, nb),
             q, q.stride(0), q.stride(1),
             mu, mus, hm, vp, ci, w,
             heads if heads is not None else dummy, out if out is not None else dummy,
             pm if pm is not None else dummy, pl if pl is not None else dummy,
             log_z if log_z is not None else dummy, bounds if bounds is not None else dummy,
             lo_i, hi_i, H, P, nb, G, d, float(scaling),
-            R=r, N=n, BLOCK_G=block_g, BLOCK_P=bp, BLOCK_D=pow2(d, 16), BLOCK_DH=pow2(d // 2, 16),
+            R=r, N=n, IC=ic, BLOCK_G=block_g, BLOCK_P=bp, BLOCK_D=pow2(d, 16), BLOCK_DH=pow2(d // 2, 16),
             F32=f32, WRITE_HEADS=write_heads, WRITE_PARTIALS=partials, AGG=agg if one_pass else 0,
             BOUNDS=from_ptr, num_warps=num_warps,
         )
@@ -293,7 +307,7 @@ def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block
 
 
 def locks_page_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, *, block_p: int | None = None,
-                      num_warps: int = 4) -> Tensor:
+                      num_warps: int | None = None) -> Tensor:
     """S [B, Hq, P] fp32 == `locks.summaries.page_scores(q, s, scaling)` for quantized summaries (one launch)."""
     heads, *_ = _launch_scores(q, s, scaling, write_heads=True, agg=0, lo=0, hi=None, block_p=block_p,
                                num_warps=num_warps)
@@ -303,7 +317,7 @@ def locks_page_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, *, b
 def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, group: int, mode: str = "norm",
                             lo=0, hi=None, *, length: Tensor | None = None, log_z: Tensor | None = None,
                             return_heads: bool = False, block_p: int | None = None, block_a: int = 256,
-                            num_warps: int = 4):
+                            num_warps: int | None = None):
     """A [B, Hkv, P] fp32 == `aggregate_heads(page_scores(q, s, scaling), group, mode, candidates)` where the
     candidates are the pages [lo, hi) (hi=None: P); other pages get -inf.
 
@@ -328,8 +342,9 @@ def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float
     if two_pass:
         logz = empty(B, Hq, dtype=torch.float32, device=q.device)
         if P > 0:
-            _logz_kernel[(B * Hq,)](pm, pl, logz, nb, BLOCK_R=min(1024, pow2(nb, 16)))
-            _aggregate_kernel[(B * H, cdiv(P, block_a))](
+            launch(_logz_kernel, (B * Hq,), pm, pl, logz, nb, BLOCK_R=min(_MAX_BLOCK_R, pow2(nb, 16)))
+            launch(
+                _aggregate_kernel, (B * H, cdiv(P, block_a)),
                 heads, logz, out, bounds if bounds is not None else logz, lo_i, hi_i, P, G,
                 MODE=agg, BLOCK_G=block_g, BLOCK_A=block_a, BOUNDS=from_ptr, N=s.page_size, num_warps=4)
         else:

@@ -20,14 +20,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, pow2
+from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, launch, pow2
 
 __all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "QUEST_REDUCE"]
 
 QUEST_REDUCE = {"max": 1, "sum": 2}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hkv", "G"])
 def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
                         out_ptr, Hkv, P, G, D,
                         BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -67,7 +67,8 @@ def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, 
         tl.store(out_ptr + bh * P + offs_p, A, mask=pmask)
 
 
-def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int, num_warps: int) -> Tensor:
+def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | None,
+            num_warps: int | None) -> Tensor:
     if q.dim() != 3 or kmax.dim() != 4 or kmax.shape != kmin.shape:
         raise ValueError(f"expected q [B, Hq, d] and kmax/kmin [B, Hkv, P, d] (got {tuple(q.shape)}, "
                          f"{tuple(kmax.shape)}, {tuple(kmin.shape)})")
@@ -85,29 +86,35 @@ def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int, nu
         # mixed precision: score in fp32 on the metadata values (exact upcast)
         q = q.float()
     f32 = dot_in_f32(_quest_score_kernel, q.dtype, kmax.dtype)
+    # fp32 operands (IEEE dots) at d = 128 spill with 64-page tiles and 4 warps (results/kernels_compile.md)
+    wide_f32 = d > 64 and not (q.dtype == kmax.dtype and q.dtype in (torch.bfloat16, torch.float16))
+    block_p = block_p or (32 if wide_f32 else 64)
+    num_warps = num_warps or (8 if wide_f32 else 4)
     out = empty(B, Hq if reduce == 0 else H, P, dtype=torch.float32, device=q.device)
     if P > 0:
-        _quest_score_kernel[(B * H, cdiv(P, block_p))](
+        launch(
+            _quest_score_kernel, (B * H, cdiv(P, block_p)),
             q, q.stride(0), q.stride(1), kmax, kmin, kmax.stride(0), kmax.stride(1), kmax.stride(2),
             out, H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p, BLOCK_D=pow2(d, 16), F32=f32, REDUCE=reduce,
             num_warps=num_warps)
     return out
 
 
-def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, block_p: int = 64, num_warps: int = 4) -> Tensor:
+def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, block_p: int | None = None,
+                      num_warps: int | None = None) -> Tensor:
     """U [B, Hq, P] fp32 per query head; q [B, Hq, d], kmax/kmin [B, Hkv, P, d] (kmax >= kmin)."""
     return _launch(q, kmax, kmin, 0, block_p, num_warps)
 
 
-def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max", *, block_p: int = 64,
-                       num_warps: int = 4) -> Tensor:
+def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max", *, block_p: int | None = None,
+                       num_warps: int | None = None) -> Tensor:
     """[B, Hkv, P] fp32: max or sum over the G query heads of each KV head of `quest_page_scores`."""
     if reduce not in QUEST_REDUCE:
         raise ValueError(f"reduce must be one of {tuple(QUEST_REDUCE)} (got {reduce!r})")
     return _launch(q, kmax, kmin, QUEST_REDUCE[reduce], block_p, num_warps)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hkv"])
 def _quest_append_kernel(k_ptr, stride_kb, stride_kh, stride_kl, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
                          len_ptr, Hkv, D, P: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
@@ -137,6 +144,6 @@ def quest_append(keys: Tensor, kmax: Tensor, kmin: Tensor, length: Tensor, page_
     B, H, _, d = keys.shape
     if keys.stride(-1) != 1 or kmax.stride(-1) != 1 or kmax.stride() != kmin.stride() or kmax.dtype != keys.dtype:
         raise ValueError("quest_append needs unit-stride rows and metadata of the keys' dtype and layout")
-    _quest_append_kernel[(B * H,)](keys, keys.stride(0), keys.stride(1), keys.stride(2), kmax, kmin, kmax.stride(0),
-                                   kmax.stride(1), kmax.stride(2), length.reshape(1), H, d, P=page_size,
-                                   BLOCK_D=pow2(d, 16), num_warps=1)
+    launch(_quest_append_kernel, (B * H,), keys, keys.stride(0), keys.stride(1), keys.stride(2), kmax, kmin,
+           kmax.stride(0), kmax.stride(1), kmax.stride(2), length.reshape(1), H, d, P=page_size, BLOCK_D=pow2(d, 16),
+           num_warps=1)

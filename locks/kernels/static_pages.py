@@ -19,12 +19,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks.kernels._common import check_device, pow2
+from locks.kernels._common import check_device, launch, pow2
 
 __all__ = ["static_pages"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["KT", "TOTAL", "budget", "S", "R"])
 def _static_pages_kernel(top_ptr, len_ptr, pages_ptr, valid_ptr, KT, TOTAL, budget, S, R, N: tl.constexpr,
                          BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)  # b * Hkv + h
@@ -54,6 +54,6 @@ def static_pages(top: Tensor, length: Tensor, budget: int, page_size: int, sink_
     top = top.contiguous()
     pages = torch.empty(B, H, total, dtype=torch.int32, device=top.device)
     valid = torch.empty(B, H, total, dtype=torch.uint8, device=top.device)
-    _static_pages_kernel[(B * H,)](top, length.reshape(1), pages, valid, KT, total, int(budget), int(sink_pages),
-                                   int(recent_pages), N=page_size, BLOCK=pow2(total, 16), num_warps=1)
+    launch(_static_pages_kernel, (B * H,), top, length.reshape(1), pages, valid, KT, total, int(budget),
+           int(sink_pages), int(recent_pages), N=page_size, BLOCK=pow2(total, 16), num_warps=1)
     return pages, valid.view(torch.bool)
