@@ -33,6 +33,8 @@ Deviations from the official code:
     L // P pages and drops one; here B >= L attends densely.
   - Ties between equal page scores go to the lower page index (stable sort) instead of RAFT select-k / torch.topk's
     unspecified order, so a larger budget always selects a superset.
+  - Page scores are ranked in fp32; the official kernel path stores them in fp16 before select-k, so pages whose
+    bounds round to the same fp16 value tie there (and may rank differently) while they are distinct here.
   - The kernel path is MHA with batch 1 only; here it runs on any batch and GQA through `gqa` (per_head reads the
     union of the group's pages, group scores once per KV head).
   - Metadata keeps the keys' dtype and a new page starts from its first key instead of from -/+65504 (same values);

@@ -35,7 +35,9 @@ Deviations from the official code (NVlabs/RocketKV @ 63637c8):
 - When k >= T' every survivor is attended without the approximation pass (the official code scores and then selects
   all of them anyway); that step reports no metadata bytes.
 - Batch rows share the decomposition (equal prompt lengths) but each row has its own stage-1 and stage-2 sets.
-- Not implemented: the multi-turn `rocket_mt` variant and skip_layers (official default 0: every layer is sparse).
+- Not implemented: the multi-turn `rocket_mt` variant and skip_layers. The official function default is 0 (every
+  layer sparse), which is what runs here; its LongChat and Llama-2 configs set `skip_layers: 2` (the first two layers
+  dense), so numbers for those models are not comparable with the official ones.
 """
 from __future__ import annotations
 

@@ -47,6 +47,8 @@ Deviations from the official code (bytedance/ShadowKV @ a21f5a9):
   * prefill is the harness's explicit phase flag, not `q_len > 4096` (ShadowKV#8): a prompt of any length is
     compressed, and a decode step is never mistaken for a prefill.
   * scores stay fp32 through softmax, max and top-k (the accuracy class casts the softmax to bf16 before them).
+  * the outlier rule's cosine similarity (each chunk's keys against its mean) is computed in fp32; the official code
+    computes it in bf16, so chunks whose similarities are within bf16 rounding may swap in or out of the outliers.
   * the key reconstruction U[p] (S V_h) accumulates in fp32 before the cast to the keys' dtype (official: bf16 GEMM).
   * one decode path for both classes: offload_values only decides where values come from (host store + temporal
     buffer, or the device cache); selection and keys are identical, so spec 2.6 item 9 holds by construction.

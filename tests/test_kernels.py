@@ -144,6 +144,26 @@ def test_locks_aggregated_scores(case, mode):
     _topk_equal_except_ties(out, ref, k, 1e-5)
 
 
+@pytest.mark.parametrize("block_p,chunk", [(16, 16), (16, 4), (16, 2), (32, 8)])
+@pytest.mark.parametrize("case", [2, 5])
+def test_locks_scores_at_every_launch_shape(case, block_p, chunk):
+    """The GPU's launch shapes (16 pages per program; the page LSE in chunks of 4 tokens for fp32 queries), which
+    the interpreter does not pick by default, give the reference scores; a bad chunk is refused."""
+    B, Hkv, G, d, P, dtype = LOCKS_CASES[case]
+    q, s = _locks_inputs(B, Hkv, G, d, P, dtype, seed=case)
+    scaling = d ** -0.5
+    cand = torch.zeros(B, Hkv, P, dtype=torch.bool, device=DEV)
+    cand[..., 1:P - 4] = True
+    heads_ref = page_scores(q, s, scaling)
+    with poisoned():
+        out, heads, _ = locks_aggregated_scores(q, s, scaling, G, "norm", 1, P - 4, return_heads=True,
+                                                block_p=block_p, chunk=chunk)
+    assert rel_err(heads, heads_ref) <= TOL[dtype]
+    assert rel_err(out, aggregate_heads(heads_ref, G, "norm", cand)) <= TOL[dtype]
+    with pytest.raises(ValueError, match="chunk"):
+        locks_aggregated_scores(q, s, scaling, G, "norm", 1, P - 4, chunk=3)
+
+
 def test_locks_aggregation_one_pass_and_edges():
     B, Hkv, G, d, P, dtype = 1, 2, 4, 64, 33, torch.float32
     q, s = _locks_inputs(B, Hkv, G, d, P, dtype, seed=7)

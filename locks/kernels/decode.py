@@ -214,8 +214,10 @@ def _run(query, keys, values, scaling, mode, idx, valid, gs, K, length, page, nu
     dev = query.device
     f32 = dot_in_f32(_decode_split_kernel, query.dtype, keys.dtype, values.dtype) or not (
         query.dtype == keys.dtype == values.dtype)
-    # fp32 operands (IEEE dots, no tensor cores) at d = 128 spill with 64-token tiles and 4 warps (kernels_compile.md)
-    wide_f32 = d > 64 and not all(t.dtype in (torch.bfloat16, torch.float16) for t in (query, keys, values))
+    # fp32 operands (IEEE dots, no tensor cores) at d = 128 spill with 64-token tiles and 4 warps (kernels_compile.md;
+    # registers do not exist under the interpreter, where smaller tiles only cost time)
+    wide_f32 = (d > 64 and not interpreted(_decode_split_kernel)
+                and not all(t.dtype in (torch.bfloat16, torch.float16) for t in (query, keys, values)))
     block_n = block_n or (32 if wide_f32 else 64)
     num_warps = num_warps or (8 if wide_f32 else 4)
     rows = B * Hkv * gs

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, launch, pow2
+from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, launch, pow2
 from locks.summaries import QuantizedPageSummaries
 
 __all__ = ["locks_page_scores", "locks_aggregated_scores", "LOCKS_AGGREGATIONS"]
@@ -225,14 +225,21 @@ def _aggregate_kernel(s_ptr, logz_ptr, agg_ptr, bounds_ptr, lo, hi, P, G,
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _launch_config(q_dtype: torch.dtype, block_g: int, n: int, block_p: int | None, num_warps: int | None):
+def _launch_config(q_dtype: torch.dtype, block_g: int, n: int, block_p: int | None, chunk: int | None,
+                   num_warps: int | None, interpreted_kernel: bool):
     """(BLOCK_P, IC, num_warps) of the scoring kernel, from the compile table (results/kernels_compile.md):
     16-bit queries: 16 pages per program, the page's n tokens in one chunk, 4 warps (~120 registers: 4 blocks per
-    SM, no spills); fp32 queries (IEEE dots, no tensor cores): chunks of 4 tokens, 8 warps (no spills)."""
+    SM, no spills); fp32 queries (IEEE dots, no tensor cores): chunks of 4 tokens, 8 warps (no spills). Under the
+    interpreter, where registers do not exist and every program and loop trip costs Python time: 32 pages, one
+    chunk (tests/test_kernels.py runs the GPU's shapes explicitly)."""
+    if chunk is not None and (chunk < 1 or chunk & (chunk - 1) or n % chunk):
+        raise ValueError(f"chunk must be a power of two dividing the page size {n} (got {chunk})")
     sixteen = q_dtype in (torch.bfloat16, torch.float16)
-    bp = block_p if block_p is not None else max(16, 256 // block_g)
-    ic = n if sixteen else min(n, 4)
-    return bp, ic, num_warps if num_warps is not None else (4 if sixteen else 8)
+    if interpreted_kernel:
+        return block_p or max(16, 512 // block_g), min(n, chunk or n), num_warps or 4
+    bp = block_p or max(16, 256 // block_g)
+    ic = min(n, chunk or (n if sixteen else 4))
+    return bp, ic, num_warps or (4 if sixteen else 8)
 
 
 def _prepare(q: Tensor, s: QuantizedPageSummaries):
@@ -271,13 +278,14 @@ def _bounds_args(lo, hi, P: int, device, length=None):
     return None, max(0, int(lo)), min(P, hi), 0
 
 
-def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, num_warps=None,
-                   length=None):
+def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, chunk=None,
+                   num_warps=None, length=None):
     q, (mu, mus, hm, vp, ci, w), (B, Hq, H, G, P, d, n, r) = _prepare(q, s)
     check_device(_locks_score_kernel, q, mu)
     dev = q.device
     block_g = pow2(G, 16)
-    bp, ic, num_warps = _launch_config(q.dtype, block_g, n, block_p, num_warps)
+    bp, ic, num_warps = _launch_config(q.dtype, block_g, n, block_p, chunk, num_warps,
+                                       interpreted(_locks_score_kernel))
     nb = cdiv(P, bp)
     bounds, lo_i, hi_i, from_ptr = _bounds_args(lo, hi, P, dev, length)
     heads = empty(B, Hq, P, dtype=torch.float32, device=dev) if write_heads else None
@@ -307,17 +315,17 @@ def _launch_scores(q, s, scaling, *, write_heads, agg, lo, hi, log_z=None, block
 
 
 def locks_page_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, *, block_p: int | None = None,
-                      num_warps: int | None = None) -> Tensor:
+                      chunk: int | None = None, num_warps: int | None = None) -> Tensor:
     """S [B, Hq, P] fp32 == `locks.summaries.page_scores(q, s, scaling)` for quantized summaries (one launch)."""
-    heads, *_ = _launch_scores(q, s, scaling, write_heads=True, agg=0, lo=0, hi=None, block_p=block_p,
+    heads, *_ = _launch_scores(q, s, scaling, write_heads=True, agg=0, lo=0, hi=None, block_p=block_p, chunk=chunk,
                                num_warps=num_warps)
     return heads
 
 
 def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float, group: int, mode: str = "norm",
                             lo=0, hi=None, *, length: Tensor | None = None, log_z: Tensor | None = None,
-                            return_heads: bool = False, block_p: int | None = None, block_a: int = 256,
-                            num_warps: int | None = None):
+                            return_heads: bool = False, block_p: int | None = None, chunk: int | None = None,
+                            block_a: int = 256, num_warps: int | None = None):
     """A [B, Hkv, P] fp32 == `aggregate_heads(page_scores(q, s, scaling), group, mode, candidates)` where the
     candidates are the pages [lo, hi) (hi=None: P); other pages get -inf.
 
@@ -328,6 +336,7 @@ def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float
     log_z [B, Hq]: if given, norm/max use it instead of the exact current-step log Z (one-pass variant, spec A3.3).
     return_heads=True returns (A, S [B, Hq, P], log Z [B, Hq] or None): S is needed by the certificate (A5.5). In raw
     mode S is only materialized when requested; log Z is None in raw mode and when `log_z` is given.
+    block_p / chunk / num_warps: pages per program, tokens per log-sum-exp chunk, warps (default `_launch_config`).
     """
     if mode not in LOCKS_AGGREGATIONS:
         raise ValueError(f"aggregation mode must be one of {tuple(LOCKS_AGGREGATIONS)} (got {mode!r})")
@@ -337,7 +346,7 @@ def locks_aggregated_scores(q: Tensor, s: QuantizedPageSummaries, scaling: float
     two_pass = agg in (2, 3) and log_z is None
     heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr), (B, Hq, H, G, P, nb, block_g) = _launch_scores(
         q, s, scaling, write_heads=two_pass or return_heads, agg=agg, lo=lo, hi=hi, log_z=log_z, block_p=block_p,
-        num_warps=num_warps, length=length)
+        chunk=chunk, num_warps=num_warps, length=length)
     logz = None
     if two_pass:
         logz = empty(B, Hq, dtype=torch.float32, device=q.device)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, launch, pow2
+from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, launch, pow2
 
 __all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "QUEST_REDUCE"]
 
@@ -87,7 +87,8 @@ def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | N
         q = q.float()
     f32 = dot_in_f32(_quest_score_kernel, q.dtype, kmax.dtype)
     # fp32 operands (IEEE dots) at d = 128 spill with 64-page tiles and 4 warps (results/kernels_compile.md)
-    wide_f32 = d > 64 and not (q.dtype == kmax.dtype and q.dtype in (torch.bfloat16, torch.float16))
+    wide_f32 = (d > 64 and not interpreted(_quest_score_kernel)
+                and not (q.dtype == kmax.dtype and q.dtype in (torch.bfloat16, torch.float16)))
     block_p = block_p or (32 if wide_f32 else 64)
     num_warps = num_warps or (8 if wide_f32 else 4)
     out = empty(B, Hq if reduce == 0 else H, P, dtype=torch.float32, device=q.device)
