@@ -1,8 +1,10 @@
 """Helpers shared by the non-NIAH RULER generators (vt, cwe, fwe, qa): token counting, prompt
 wrapping, the haystack-size binary search of shared/specs/ruler.md §4 and data-file lookup.
 
-The NIAH generator (niah.py) keeps its own copy of the same logic; it is left untouched so that its
-output stays byte-identical.
+The search reproduces NVIDIA/RULER c3f5e3b exactly (bound from a prompt-only probe, no search above the
+bound, the same random draws in the same order), so that every sample is upstream's byte for byte; this
+is checked against upstream's own output by tests/test_conformance_ruler.py.  The NIAH generator
+(niah.py) keeps its own copy of the same logic.
 """
 
 from __future__ import annotations
@@ -76,65 +78,58 @@ def resolve_data_file(kind: str, task: str, data_dir=None, explicit=None, hub_ca
     )
 
 
-def search_and_generate(task: str, build: Callable[[int], tuple], n_tokens: Callable[[tuple], int],
-                        budget: int, unit: int, per_unit_probe: int, slack: float, num_samples: int,
-                        sample_build: Callable[[int, int], tuple] | None = None, kind: str = "units",
-                        cap: int | None = None):
-    """§4: probe, binary search of the largest haystack count that fits, then ``num_samples`` samples.
+def probe_upper_bound(task: str, budget: int, probe_tokens: int, probe_units: int, slack: float, unit: int,
+                      floor_first: bool = False) -> int:
+    """§4 step 2: upper bound of the haystack search from a probe of ``probe_units`` units that has
+    ``probe_tokens`` prompt tokens (the tokens to generate are not part of the probe, as upstream).
 
-    ``build(n)`` builds one random sample with haystack count ``n`` (consuming the random stream);
-    ``n_tokens(built)`` = prompt tokens + tokens_to_generate.  ``per_unit_probe`` is the haystack
-    count of the probe (the unit; CWE probes with 4096 words).  ``sample_build(i, n)`` builds sample
-    ``i`` (defaults to ``build(n)``).  ``cap`` bounds the search from above (e.g. a word pool size).
-    Returns (list of (built, tokens, count_used), best count).
+    Upstream computes ``int((budget / per_unit) * slack)`` (niah, vt, qa) and, for cwe,
+    ``int(budget // per_unit) * slack`` (``floor_first``); the float operations are done in the same
+    order so that the bound is bit-identical.  Never below two units.
     """
-    probe = build(per_unit_probe)
-    per_unit = max(n_tokens(probe), 1) / per_unit_probe
-    lo, hi = unit, max(int((budget / per_unit) * slack), unit * 2)
-    if cap is not None:
-        hi = min(hi, cap)
-    best, smallest_fail = None, None
-    while True:
-        top = hi
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            tokens = n_tokens(build(mid))
-            if tokens <= budget:
-                best, lo = mid, mid + 1
-            else:
-                hi = mid - 1
-                smallest_fail = (mid, tokens)
-        # Deviation: upstream stops at its upper bound even when that bound still fits, which
-        # under-fills prompts whose probe overestimates the per-unit cost (e.g. VT, whose probe
-        # includes the ~500-token ICL example).  We keep searching above it (doubling); the random
-        # stream is upstream's whenever its bound was not binding.
-        if best != top or (cap is not None and top >= cap):
-            break
-        lo, hi = top + 1, top * 2 if cap is None else min(top * 2, cap)
-    if best is None:
-        n, tokens = smallest_fail if smallest_fail else (unit, None)
-        raise ValueError(
-            f"RULER {task}: context_length={budget} is too small: even the smallest haystack "
-            f"({n} {kind}) gives {tokens} tokens including the tokens to generate. Use a larger context_length."
-        )
-    sample_build = sample_build or (lambda i, n: build(n))
+    if probe_tokens <= 0:
+        raise ValueError(f"RULER {task}: the probe prompt has no tokens; the tokenizer returned nothing")
+    per_unit = probe_tokens / probe_units
+    est = int(budget // per_unit) * slack if floor_first else int((budget / per_unit) * slack)
+    return max(int(est), unit * 2)
+
+
+def search_and_generate(task: str, search_tokens: Callable[[int], int], sample: Callable[[int, int], tuple],
+                        budget: int, unit: int, upper: int, num_samples: int, kind: str = "units"):
+    """§4 steps 3-4: binary search, then ``num_samples`` samples, consuming the random stream as upstream.
+
+    ``search_tokens(n)`` builds one candidate with haystack count ``n`` and returns the tokens it counts
+    against ``budget`` (prompt + tokens to generate, plus whatever else the family adds); the search keeps
+    the largest ``n`` in [``unit``, ``upper``] that fits and stops at ``upper`` (upstream does not look above
+    its bound).  ``sample(i, n)`` builds sample ``i`` and returns (built, tokens); a sample that is too long
+    is redrawn one unit smaller.  When nothing fits, upstream falls back to one unit and keeps drawing; we
+    do the same but give up after MAX_RETRIES_AT_MIN draws at one unit (upstream loops forever, pitfall 6).
+    Returns (list of (built, tokens, count_used), best count or None).
+    """
+    lo, hi = unit, upper
+    best = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if search_tokens(mid) <= budget:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
     out = []
     for i in range(num_samples):
-        used, fails_at_min = best, 0
+        used, fails_at_min = (best if best is not None else unit), 0
         while True:
-            built = sample_build(i, used)
-            tokens = n_tokens(built)
+            built, tokens = sample(i, used)
             if tokens <= budget:
                 break
-            # §4 step 4 / upstream: a too-long sample (randomness) is redrawn one unit smaller
             if used > unit:
                 used -= unit
-            else:  # upstream loops forever here (pitfall 6)
+            else:
                 fails_at_min += 1
                 if fails_at_min >= MAX_RETRIES_AT_MIN:
                     raise ValueError(
-                        f"RULER {task}: sample {i} does not fit context_length={budget} even with {used} "
-                        f"{kind} after {fails_at_min} draws (last: {tokens} tokens). Use a larger context_length."
+                        f"RULER {task}: context_length={budget} is too small: sample {i} does not fit even with "
+                        f"{used} {kind} after {fails_at_min} draws (last: {tokens} tokens including the tokens to "
+                        f"generate). Use a larger context_length."
                     )
         out.append((built, tokens, used))
     return out, best

@@ -1,14 +1,17 @@
 """RULER common words extraction ("cwe"), shared/specs/ruler.md §5.3 (haystack sizing §4).
 
-Written from the specification; where it is silent, NVIDIA/RULER c3f5e3b
-``scripts/data/synthetic/common_words_extraction.py`` is followed ("upstream"): one
-``random.Random(seed)`` stream draws the words (probe, binary search, then the samples), every list is
-shuffled with a fresh ``Random(seed)``, and a call that needs more distinct words than the wonderwords
-pool holds draws from ``english_words.json`` (its ``.values()`` in file order; upstream does not sort or
-shuffle that list either).  Deliberate differences:
-  * without ``english_words.json`` the search is capped at the wonderwords pool size, and a
-    FileNotFoundError is raised only when the prompt could have used more words (upstream always loads
-    the file);
+Reproduces NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/common_words_extraction.py`` ("upstream") byte
+for byte (checked by tests/test_conformance_ruler.py): one ``random.Random(seed)`` stream draws the words
+(4096-word probe, binary search, then the samples), every list is shuffled with a fresh ``Random(seed)``,
+the search bound is ``int(B // tokens_per_word) * 2`` from the prompt-only probe, and a call that needs
+more distinct words than the wonderwords pool holds draws from ``english_words.json`` (its ``.values()``
+in file order; upstream does not sort, de-duplicate or shuffle that list either).  The few-shot example
+is the full prompt (model template and answer prefix included) plus its answer, as upstream builds it.
+Deliberate differences (none is reached with RULER's real word lists, whose english_words.json has far
+more words than any search bound):
+  * the search is capped at the larger word pool, and without ``english_words.json`` at the wonderwords
+    pool; a FileNotFoundError is raised only when the prompt could have used more words (upstream always
+    loads the file, and its ``random.sample`` fails for a count above the pool);
   * the 4096-word probe is shrunk to the pool size when the pool is smaller (never with the real lists:
     wonderwords alone has 8,166 words);
   * ValueError instead of an endless loop when even one unit does not fit (pitfall 6).
@@ -22,7 +25,7 @@ import os
 import random
 from pathlib import Path
 
-from .common import count_tokens, resolve_data_file, sample_records, search_and_generate, wrap
+from .common import count_tokens, probe_upper_bound, resolve_data_file, sample_records, search_and_generate, wrap
 from .niah import _read_wordlist
 from .tasks import (
     CWE_FAMILY,
@@ -48,7 +51,7 @@ def _english_words_cached(path: str, mtime_ns: int, size: int) -> tuple[str, ...
         data = json.load(f)
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a non-empty JSON object whose values are words (RULER's english_words.json)")
-    return tuple(dict.fromkeys(str(v) for v in data.values()))  # de-duplicated, file order
+    return tuple(data.values())  # file order, a repeated word kept (upstream: list(json.load(f).values()))
 
 
 def load_english_words(path) -> tuple[str, ...]:
@@ -101,12 +104,23 @@ def generate_cwe_samples(task: str, tokenizer, context_length: int, num_samples:
         few_shot = full_prompt(ex_ctx) + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ex_ans))
         return few_shot + "\n" + full_prompt(ctx), ans
 
+    def tokens(built) -> int:
+        return count_tokens(tokenizer, built[0]) + ttg
+
+    def sample(i: int, n: int):
+        built = build(n)
+        return built, tokens(built)
+
     cap = max(len(words), len(english)) if english is not None else len(words)
-    results, best = search_and_generate(task, build, lambda b: count_tokens(tokenizer, b[0]) + ttg, context_length,
-                                        CWE_WORD_UNIT, min(CWE_PROBE_WORDS, cap), CWE_SEARCH_SLACK, num_samples,
-                                        kind="words", cap=cap)
+    # upstream: a 4096-word probe, prompt tokens only, bound int(B // tokens_per_word) * 2
+    probe_words = min(CWE_PROBE_WORDS, cap)
+    probe = count_tokens(tokenizer, build(probe_words)[0])
+    upper = min(probe_upper_bound(task, context_length, probe, probe_words, CWE_SEARCH_SLACK, CWE_WORD_UNIT,
+                                  floor_first=True), cap)
+    results, best = search_and_generate(task, lambda n: tokens(build(n)), sample, context_length, CWE_WORD_UNIT,
+                                        upper, num_samples, kind="words")
     if english is None and best == cap:
         # more distinct words would fit than wonderwords has: upstream switches to english_words.json
         resolve_data_file("english_words", task, data_dir)
-    results = [((full, prefix, answer), tokens, used) for (full, answer), tokens, used in results]
+    results = [((full, prefix, answer), n_tok, used) for (full, answer), n_tok, used in results]
     return sample_records(task, cfg, results, chat_template)

@@ -1,7 +1,8 @@
 """RULER needle-in-a-haystack generator (the 8 niah_* tasks), shared/specs/ruler.md §3-5.1.
 
 Written from the specification; where it is silent the behaviour of NVIDIA/RULER c3f5e3b
-``scripts/data/synthetic/niah.py`` is reproduced (each such place says "upstream").  In particular
+``scripts/data/synthetic/niah.py`` is reproduced (each such place says "upstream"; checked against
+upstream's own output by tests/test_conformance_ruler.py).  In particular
 the random stream is consumed in upstream's order (probe, binary search, then the samples, all from
 one ``random.Random(seed)``), so with the same tokenizer and prompt wrapper the same haystack sizes,
 keys, values and positions come out.
@@ -10,8 +11,10 @@ Deliberate differences from upstream (each documented where it happens):
   * exit with ValueError when even one haystack unit does not fit (upstream loops forever);
   * a key that collides with an earlier key of the same sample (distractor or real) is re-drawn;
   * the single-needle rewrite is applied to the RULER task text and answer prefix only, not to the
-    tokenizer's chat template (upstream rewrites its hard-coded model template too, which would turn
-    e.g. SmolLM2's "You are a helpful AI assistant" into "You is ...");
+    tokenizer's chat template (upstream rewrites its model template too, which turns e.g. SmolLM2's
+    "You are a helpful AI assistant" into "You is ..."); with SmolLM2's chat template this is the only
+    difference from upstream's samples (same draws, same token counts), and
+    tests/test_conformance_ruler.py allows exactly that difference and nothing else;
   * ``index`` is our own 0..n-1 sample id (upstream overwrites it with a character offset);
   * ``input`` is the full prompt given to the model (chat template + answer prefix applied).
 """

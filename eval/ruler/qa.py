@@ -1,12 +1,15 @@
 """RULER QA tasks ("qa_1" = SQuAD v2.0 dev, "qa_2" = HotpotQA dev distractor), shared/specs/ruler.md
 §5.5 (haystack sizing §4, unit = 10 documents).
 
-Written from the specification; where it is silent, NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/qa.py``
-is followed ("upstream"): one ``random.Random(seed)`` stream draws the extra documents (probe and binary
-search use question 0, sample i uses question i), every document list is shuffled with a fresh
-``Random(seed)``.  Data are read from local files (RULER's names ``squad.json`` / ``hotpotqa.json`` in
-``data_dir``) or, when missing there and the Hub is reachable, rebuilt from their ``datasets`` mirrors (hub.py).
-Deliberate differences:
+Reproduces NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/qa.py`` ("upstream") byte for byte (checked by
+tests/test_conformance_ruler.py): one ``random.Random(seed)`` stream draws the extra documents (probe and
+binary search use question 0, sample i uses question i), every document list is shuffled with a fresh
+``Random(seed)``, and the search bound comes from a prompt-only probe (common.probe_upper_bound).  Data
+are read from local files (RULER's names ``squad.json`` / ``hotpotqa.json`` in ``data_dir``) or, when
+missing there and the Hub is reachable, rebuilt from their ``datasets`` mirrors (hub.py).
+Deliberate differences (none changes a sample of the real SQuAD v2 / HotpotQA files):
+  * a question without ``is_impossible`` counts as answerable (SQuAD v1 layout; upstream: KeyError), and an
+    answerable question without any answer text is skipped (upstream would keep it with no references);
   * ValueError when more samples are asked than the file has (answerable) questions (upstream: IndexError);
   * ValueError instead of an endless loop when even one unit does not fit (pitfall 6).
 """
@@ -19,7 +22,7 @@ import os
 import random
 from pathlib import Path
 
-from .common import count_tokens, resolve_data_file, sample_records, search_and_generate, wrap
+from .common import count_tokens, probe_upper_bound, resolve_data_file, sample_records, search_and_generate, wrap
 from .tasks import OTHER_TASKS, QA_DOC_UNIT, QA_DOCUMENT, QA_FAMILY, SEARCH_SLACK
 
 
@@ -29,7 +32,8 @@ def _schema_error(path, what, e=None):
 
 def read_squad(path) -> tuple[list[dict], list[str]]:
     """(questions, documents): documents = sorted unique paragraph contexts; questions = answerable
-    QAs in file order with refs = all answer texts, own doc and the other docs of the same article."""
+    QAs in file order with refs = all answer texts, own doc and the other docs of the same article
+    (in article order, a repeated paragraph repeated, as upstream)."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     try:
@@ -46,8 +50,9 @@ def read_squad(path) -> tuple[list[dict], list[str]]:
                     refs = [a["text"] for a in qa["answers"]]
                     if not refs:
                         continue
+                    # a paragraph listed twice in its article stays twice here, as upstream has it
                     qas.append({"query": qa["question"], "outputs": refs, "context": [own],
-                                "more_context": [j for j in dict.fromkeys(article) if j != own]})
+                                "more_context": [j for j in article if j != own]})
     except (KeyError, TypeError) as e:
         raise _schema_error(path, "SQuAD v2.0 (dev-v2.0.json)", e) from e
     return qas, docs
@@ -59,14 +64,14 @@ def _hotpot_doc(title, sentences) -> str:
 
 def read_hotpotqa(path) -> tuple[list[dict], list[str]]:
     """(questions, documents): document = title + "\\n" + "".join(sentences); every question with its
-    10 context docs (gold + distractors); refs = [answer]."""
+    10 context docs (gold + distractors, in file order, a repeated one repeated, as upstream); refs = [answer]."""
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     try:
         docs = sorted({_hotpot_doc(t, s) for d in data for t, s in d["context"]})
         idx = {c: i for i, c in enumerate(docs)}
         qas = [{"query": d["question"], "outputs": [d["answer"]],
-                "context": list(dict.fromkeys(idx[_hotpot_doc(t, s)] for t, s in d["context"])),
+                "context": [idx[_hotpot_doc(t, s)] for t, s in d["context"]],  # duplicates kept, as upstream
                 "more_context": []} for d in data]
     except (KeyError, TypeError, ValueError) as e:
         raise _schema_error(path, "HotpotQA dev distractor (hotpot_dev_distractor_v1.json)", e) from e
@@ -121,7 +126,16 @@ def generate_qa_samples(task: str, tokenizer, context_length: int, num_samples: 
         prefix = prefix_tmpl  # has no placeholders
         return wrap(tokenizer, task_text, chat_template, task) + prefix, prefix, list(q["outputs"])
 
-    results, _ = search_and_generate(task, lambda n: build_for(0, n), lambda b: count_tokens(tokenizer, b[0]) + ttg,
-                                     context_length, QA_DOC_UNIT, QA_DOC_UNIT, SEARCH_SLACK, num_samples,
-                                     sample_build=build_for, kind="documents")
+    def tokens(built) -> int:
+        return count_tokens(tokenizer, built[0]) + ttg
+
+    def sample(i: int, n: int):
+        built = build_for(i, n)
+        return built, tokens(built)
+
+    # upstream: the probe (question 0, one unit of documents) counts prompt tokens only
+    probe = count_tokens(tokenizer, build_for(0, QA_DOC_UNIT)[0])
+    upper = probe_upper_bound(task, context_length, probe, QA_DOC_UNIT, SEARCH_SLACK, QA_DOC_UNIT)
+    results, _ = search_and_generate(task, lambda n: tokens(build_for(0, n)), sample, context_length, QA_DOC_UNIT,
+                                     upper, num_samples, kind="documents")
     return sample_records(task, cfg, results, chat_template)

@@ -175,10 +175,10 @@ QA_DOCUMENT = "Document {i}:\n{document}"
 # Per-family generator versions (part of the cache key).  The NIAH family keeps GENERATOR_VERSION.
 GENERATOR_VERSIONS: dict[str, str] = {
     "niah": GENERATOR_VERSION,
-    "variable_tracking": "ruler-vt-1",
-    "common_words_extraction": "ruler-cwe-1",
+    "variable_tracking": "ruler-vt-2",  # 2: upstream's search and random stream (conformance with c3f5e3b)
+    "common_words_extraction": "ruler-cwe-2",  # 2: upstream's probe and bound
     "freq_words_extraction": "ruler-fwe-1",
-    "qa": "ruler-qa-1",
+    "qa": "ruler-qa-2",  # 2: upstream's probe; repeated documents kept
 }
 
 # §2: the 13 task configs (scripts/synthetic.yaml).

@@ -1,13 +1,24 @@
 """RULER variable tracking ("vt"), shared/specs/ruler.md §5.2 (haystack sizing §4).
 
-Written from the specification; where it is silent, NVIDIA/RULER c3f5e3b
-``scripts/data/synthetic/variable_tracking.py`` is followed ("upstream" below).  Python's ``random``
-stream (names, positions) and numpy's legacy stream (values, ``np.random.randint``) are seeded with
-the seed as upstream does, but as private ``random.Random`` / ``np.random.RandomState`` objects (no
-global state).  Deliberate differences:
-  * names of the ICL example are never "VAR" and the fresh names of its randomized copy are distinct
-    from each other and from the names they replace (upstream's blind ``str.replace`` could clobber
-    the ``VAR`` keyword or chain replacements);
+Reproduces NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/variable_tracking.py`` ("upstream") byte for byte
+(checked by tests/test_conformance_ruler.py).  Python's ``random`` stream (names, positions) and numpy's
+legacy stream (values, ``np.random.randint``) are seeded with the seed as upstream does, but as private
+``random.Random`` / ``np.random.RandomState`` objects (no global state), and are consumed in upstream's
+order:
+  1. the one-shot ICL example: 3-letter names, the value 12345, no model template, a 500-token budget with
+     5-line units and nothing to generate (probe, binary search, one sample);
+  2. the task: the probe and every search step build the prompt *without* the ICL example and count
+     prompt tokens + the ICL example's tokens (counted once, on its own) + tokens to generate; the probe
+     counts the prompt only;
+  3. each sample draws its prompt, then a randomized copy of the ICL example (fresh names, fresh value)
+     that goes in front of the task text inside the user turn; its length is counted on the joined prompt.
+Deliberate differences, reached only where upstream's own output would be wrong (so the random stream is
+upstream's whenever upstream's sample is valid):
+  * a name pool with a repeated name (or, for the ICL example, the name "VAR") is completed with further
+    draws and the first unique names are used (upstream also draws further names, but then builds its
+    chains from the list with the repeat, which yields a chain with a repeated variable and an extra chain);
+  * a fresh ICL name that would be "VAR", equal another fresh name, or equal a name still to be replaced is
+    redrawn (upstream's plain ``str.replace`` would then merge two variables or rewrite the keyword);
   * ValueError instead of an endless loop when even one unit does not fit (pitfall 6).
 """
 
@@ -18,7 +29,7 @@ import string
 
 import numpy as np
 
-from .common import count_tokens, sample_records, search_and_generate, wrap
+from .common import count_tokens, probe_upper_bound, sample_records, search_and_generate, wrap
 from .tasks import (
     NOISE_SENTENCE,
     OTHER_TASKS,
@@ -48,10 +59,14 @@ class _VtSampler:
         k = VT_ICL_NAME_LEN if is_icl else VT_NAME_LEN
         hops = min(10, self.num_hops) if is_icl else self.num_hops  # upstream caps ICL hops at 10
         n = (hops + 1) * self.num_chains
-        while True:  # §5.2: the pool is re-drawn until all names are unique
-            names = [self._name(k) for _ in range(n)]
-            if len(set(names)) == n and not (is_icl and "VAR" in names):
-                break
+        drawn = [self._name(k) for _ in range(n)]
+
+        def usable():
+            return [v for v in dict.fromkeys(drawn) if not (is_icl and v == "VAR")]
+
+        while len(usable()) < n:  # upstream: one more draw while the pool has a repeat (see the module doc)
+            drawn.append(self._name(k))
+        names = usable()[:n]
         all_vars, all_chains = [], []
         for c in range(self.num_chains):
             vs = names[c * (hops + 1):(c + 1) * (hops + 1)]
@@ -76,12 +91,13 @@ class _VtSampler:
         return text, prefix, all_vars[0]
 
     def randomize_icl(self, icl: str, icl_answer: list[str]) -> str:
-        taken = set(icl_answer) | {"VAR"}
-        for old in icl_answer:
+        """The ICL example with fresh names (same lengths) and a fresh value, drawn as upstream does."""
+        fresh: list[str] = []
+        for j, old in enumerate(icl_answer):
             new = self._name(len(old))
-            while new in taken:
+            while new == "VAR" or new in fresh or new in icl_answer[j + 1:]:  # see the module doc
                 new = self._name(len(old))
-            taken.add(new)
+            fresh.append(new)
             icl = icl.replace(old, new)
         return icl.replace(VT_ICL_VALUE, str(self.nprng.randint(10000, 99999)))
 
@@ -97,24 +113,37 @@ def generate_vt_samples(task: str, tokenizer, context_length: int, num_samples: 
     rng, nprng = random.Random(seed), np.random.RandomState(seed)
     sampler = _VtSampler(cfg, rng, nprng)
 
-    # One-shot ICL example: 500-token budget, unit 5, no tokens to generate, no model template.
-    def build_icl(n):
+    # 1. the one-shot ICL example (upstream: no model template, budget 500, unit 5, nothing to generate)
+    def icl_prompt(n: int):
         text, prefix, answer = sampler.task_text(n, is_icl=True)
         return text + prefix, answer
 
-    icl_results, _ = search_and_generate(
-        task + " (ICL example)", build_icl, lambda b: count_tokens(tokenizer, b[0]), VT_ICL_BUDGET,
-        VT_ICL_UNIT, VT_ICL_UNIT, SEARCH_SLACK, 1, kind="noise lines")
+    def icl_sample(i: int, n: int):
+        built = icl_prompt(n)
+        return built, count_tokens(tokenizer, built[0])
+
+    probe = count_tokens(tokenizer, icl_prompt(VT_ICL_UNIT)[0])
+    upper = probe_upper_bound(task, VT_ICL_BUDGET, probe, VT_ICL_UNIT, SEARCH_SLACK, VT_ICL_UNIT)
+    icl_results, _ = search_and_generate(task + " (ICL example)", lambda n: count_tokens(tokenizer, icl_prompt(n)[0]),
+                                         icl_sample, VT_ICL_BUDGET, VT_ICL_UNIT, upper, 1, kind="noise lines")
     icl_text, icl_answer = icl_results[0][0]
     icl_example = icl_text + " " + " ".join(icl_answer) + "\n"
+    example_tokens = count_tokens(tokenizer, icl_example)
 
-    def build(n):
+    # 2. the task: probe and search without the ICL example, whose tokens are added separately
+    def prompt_tokens(n: int) -> int:
+        text, prefix, _ = sampler.task_text(n)
+        return count_tokens(tokenizer, wrap(tokenizer, text, chat_template, task) + prefix)
+
+    # 3. the samples: a randomized copy of the ICL example, a blank line, then the task text (one user turn)
+    def sample(i: int, n: int):
         text, prefix, answer = sampler.task_text(n)
         icl = sampler.randomize_icl(icl_example, icl_answer)
-        content = icl + "\n" + text  # the ICL block, a blank line, then the task text
-        return wrap(tokenizer, content, chat_template, task) + prefix, prefix, answer
+        full = wrap(tokenizer, icl + "\n" + text, chat_template, task) + prefix
+        return (full, prefix, answer), count_tokens(tokenizer, full) + ttg
 
     unit = VT_SMALL_LINE_UNIT if context_length < SMALL_CONTEXT_THRESHOLD else VT_LINE_UNIT
-    results, _ = search_and_generate(task, build, lambda b: count_tokens(tokenizer, b[0]) + ttg, context_length,
-                                     unit, unit, SEARCH_SLACK, num_samples, kind="noise lines")
+    upper = probe_upper_bound(task, context_length, prompt_tokens(unit), unit, SEARCH_SLACK, unit)
+    results, _ = search_and_generate(task, lambda n: prompt_tokens(n) + example_tokens + ttg, sample, context_length,
+                                     unit, upper, num_samples, kind="noise lines")
     return sample_records(task, cfg, results, chat_template)
