@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llama-index-core==0.14.25
 	touch $(STAMP)
 
-# the H200 image's triton beside CI's (not importable by default): tests/test_compile_kernels.py compiles every kernel
+# the H200 image's triton beside CI's (not importable by default): tests/core/test_compile_kernels.py compiles every kernel
 # with both
 $(TRITON36): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --target $(VENV)/triton-3.6 triton==3.6.0

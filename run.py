@@ -4,28 +4,21 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from locks.selector import ConfigError
+from locks.errors import ConfigError
 
 
 def run_profile(cfg: DictConfig) -> None:
-    """`job: profile` (conf/experiment/paper_latency.yaml): the GPU decode benchmarks, scripts/bench_decode.py (one
-    layer's decode attention) then scripts/bench_e2e.py (the CUDA-graph decode step of a whole random-weight model)."""
-    import importlib.util
-    from pathlib import Path
-
-    def load(name):
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+    """`job: profile` (conf/experiment/paper_latency.yaml): the GPU decode benchmarks, bench/decode.py (one layer's
+    decode attention) then bench/e2e.py (the CUDA-graph decode step of a whole random-weight model)."""
+    from bench import decode, e2e
 
     p = cfg.profile
     dry = ["--dry-run"] if p.dry_run else []
-    rc = load("bench_decode").main(["--out", str(p.out), "--budget", str(cfg.budget), "--reps", str(p.reps),
+    rc = decode.main(["--out", str(p.out), "--budget", str(cfg.budget), "--reps", str(p.reps),
                                     "--contexts", *map(str, p.contexts), "--shapes", *p.shapes,
                                     "--batch", *map(str, p.batch)] + dry)
     if p.get("e2e_out"):
-        rc = max(rc, load("bench_e2e").main(["--out", str(p.e2e_out), "--budget", str(cfg.budget), "--reps",
+        rc = max(rc, e2e.main(["--out", str(p.e2e_out), "--budget", str(cfg.budget), "--reps",
                                              str(p.reps), "--contexts", *map(str, p.contexts),
                                              "--shapes", *p.shapes] + dry))
     sys.exit(rc)
@@ -33,11 +26,15 @@ def run_profile(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from eval.config_schema import check_config
     from eval.runner import run_benchmark
 
-    if cfg.get("job", "benchmark") == "profile":
-        return run_profile(cfg)
     try:
+        check_config(cfg, HydraConfig.get().runtime.choices)  # a wrong key or type: one line, before any work
+        if cfg.get("job", "benchmark") == "profile":
+            return run_profile(cfg)
         config = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         run_benchmark(config, cfg)
     except (ConfigError, FileNotFoundError) as err:

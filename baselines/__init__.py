@@ -1,4 +1,5 @@
-"""Baseline selectors, one module per method; importing this package registers every one of them by name."""
+"""Baseline selectors, one module (or package, when it has its own kernels) per method; importing this package
+imports each of them, which registers it by name (locks/core/registry.py). Kernel modules are not imported here."""
 import importlib
 import pkgutil
 

@@ -1,10 +1,13 @@
 """FullKV: attend every cached token (the dense reference)."""
-from locks.selector import Selection, Selector, register
+from locks.core.registry import register
+from locks.core.selector import Selection, Selector
 
 
 @register
 class FullKVSelector(Selector):
     name = "fullkv"
+    display_name = "FullKV"
+    report_order = 0
     uses_budget = False
 
     def select(self, query, keys, values) -> Selection:

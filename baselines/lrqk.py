@@ -1,4 +1,4 @@
-"""LRQK (NeurIPS'25, `specs/lrqk.md`): jointly fitted low-rank Q/K factors per query head, proxy top-k, hybrid cache.
+"""LRQK (NeurIPS'25, `docs/methods/lrqk.md`): jointly fitted low-rank Q/K factors per query head, proxy top-k, hybrid cache.
 
 Everything is per QUERY head: K is expanded to the Hq query heads (repeat_kv), so A_K, B_Q, B_K, the hot cache and
 the top-k sets exist once per query head (G copies per KV head). Math runs in fp32, state is stored in the keys'
@@ -29,7 +29,7 @@ rows are gathered from the cold store and copied host->device. The output is exa
 resident rows, served to the harness through `Selection.keys/values` (sorted by token index).
 hit_rate = 1 - (#overwritten slots) / (B * Hq * k) per decode step, averaged over steps (lite excluded).
 
-Budget (`specs/budgets.md`): fair: top_k = budget - lite_tokens, so every query head attends top_k + lite = budget
+Budget (`docs/budgets.md`): fair: top_k = budget - lite_tokens, so every query head attends top_k + lite = budget
 tokens; paper: top_k = budget and the lite tokens are attended outside it (budget + lite_tokens per query head).
 Contexts that fit (L <= top_k + lite) are attended in full from the hot cache; prompts shorter than top_k are
 collected (dense attention) and factorized once the length reaches top_k, as the official `collecting` state does.
@@ -63,7 +63,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from locks.selector import ConfigError, LayerInfo, PrefillContext, Selection, Selector, register
+from locks.core.registry import register
+from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
+from locks.errors import ConfigError
 
 INITS = ("randn", "top", "topcol")
 PREFILL_ORDERS = ("official", "gauss_seidel")
@@ -217,6 +219,8 @@ def _nonneg_float(value, name: str) -> float:
 @register
 class LRQKSelector(Selector):
     name = "lrqk"
+    display_name = "LRQK"
+    report_order = 6
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 32,
                  lite_tokens: int = 64, max_iter_prefill: int = 2, max_iter_decode: int = 2,

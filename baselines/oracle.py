@@ -7,14 +7,16 @@ keys to do so, which its bytes report says: it is an accuracy reference, not an 
 """
 import torch
 
-from locks.pages import PageSelector
-from locks.selector import register
-from locks.summaries import exact_page_lse
+from locks.core.paging import PageSelector, exact_page_lse
+from locks.core.registry import register
 
 
 @register
 class OracleSelector(PageSelector):
     name = "oracle"
+    display_name = "Oracle"
+    report_order = 1
+    plot_style = {"linestyle": "--", "marker": "s"}
 
     def page_scores(self, query, keys, num_pages):
         return exact_page_lse(query, keys[:, :, : num_pages * self.page_size], self.page_size, self.info.scaling)

@@ -1,4 +1,4 @@
-"""RocketKV (ICML'25, `specs/rocketkv.md`): SnapKV++ permanent eviction at prefill + hybrid sparse decode attention.
+"""RocketKV (ICML'25, `docs/methods/rocketkv.md`): SnapKV++ permanent eviction at prefill + hybrid sparse decode attention.
 
 One traffic budget B drives both stages. `rocket_params` splits the compression c = S/B between them per sample
 (§3.1), S = min(prompt_len + max_new_tokens, max_length):
@@ -48,7 +48,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from locks.selector import ConfigError, LayerInfo, Selection, Selector, register
+from locks.core.registry import register
+from locks.core.selector import LayerInfo, Selection, Selector
+from locks.errors import ConfigError
 
 VARIANTS = ("accuracy", "gpt_fast")
 
@@ -143,6 +145,8 @@ def approx_scores(q: Tensor, kmin: Tensor, kmax: Tensor, r_ch: int) -> tuple[Ten
 @register
 class RocketKVSelector(Selector):
     name = "rocketkv"
+    display_name = "RocketKV"
+    report_order = 5
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", params: str = "accuracy",
                  alpha: float | None = None, window: int = 32, pool_kernel: int = 63):

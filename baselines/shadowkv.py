@@ -1,4 +1,4 @@
-"""ShadowKV (ICML'25, `specs/shadowkv.md`): low-rank pre-RoPE keys, offloaded values, chunk-mean landmarks.
+"""ShadowKV (ICML'25, `docs/methods/shadowkv.md`): low-rank pre-RoPE keys, offloaded values, chunk-mean landmarks.
 
 Prefill (once per layer, prompt of Lp tokens, chunk size C, per batch row):
   * thin SVD in fp32 of the pre-RoPE keys reshaped [Lp, Hkv*d]:  K_pre = U S V^T.  Stored: U[:, :r] [Lp, r], shared
@@ -24,7 +24,7 @@ included) and all values are exact. The Selection carries the full K/V rows: exa
 reconstructed keys for the selected chunks, values served from the device buffer (hits: chunks selected at the
 previous step) or copied host->device (misses only).
 
-Budget (`specs/budgets.md`):
+Budget (`docs/budgets.md`):
   * paper: n_sel = budget // C chunks; W + C*O + g outside the budget (budget % C != 0 -> ConfigError, the official
     assert). O = outlier_chunks (48, the accuracy class) or (budget//1024)*24 with outlier_chunks=auto (CPU class).
   * fair: W + C*O + g + C*n_sel <= budget with O = min(outlier_chunks, (budget//1024)*24) (the CPU class rule capped
@@ -64,7 +64,9 @@ import math
 import torch
 from torch import Tensor
 
-from locks.selector import ConfigError, LayerInfo, PrefillContext, Selection, Selector, register
+from locks.core.registry import register
+from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
+from locks.errors import ConfigError
 
 LANDMARK_SCALES = ("official", "head_dim")
 
@@ -77,6 +79,8 @@ def _take(x: Tensor, idx: Tensor) -> Tensor:
 @register
 class ShadowKVSelector(Selector):
     name = "shadowkv"
+    display_name = "ShadowKV"
+    report_order = 4
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 160, chunk_size: int = 8,
                  local_chunks: int = 4, outlier_chunks: int | str = 48, align_chunks_to_8: bool = False,

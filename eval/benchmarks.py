@@ -8,11 +8,11 @@ import importlib.metadata
 
 from omegaconf import ListConfig
 
-from locks.selector import ConfigError
+from locks.errors import ConfigError
 
 
 class Ruler:
-    """RULER's 13 synthetic tasks, generated locally for the model's tokenizer (`specs/ruler.md`), at one or several
+    """RULER's 13 synthetic tasks, generated locally for the model's tokenizer (`docs/benchmarks/ruler.md`), at one or several
     context lengths; generated samples are cached on disk (`cache_dir`)."""
 
     name = "ruler"

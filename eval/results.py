@@ -103,20 +103,21 @@ def efficiency_summary(rows: list[dict]) -> dict:
         "h2d_bytes_per_step": _mean_or_none(df, "h2d_bytes_per_step"),
         "forced_tokens_per_step": _mean_or_none(df, "forced_tokens_per_step"),
         "coverage": _mean_or_none(df, "coverage"),
-        "certificate": _mean_or_none(df, "certificate"),
-        "plugin_coverage": _mean_or_none(df, "plugin_coverage"),
         "seconds_per_sample": float(df["seconds"].mean()),
-        "method_metrics": _method_metrics(rows),
+        "method_metrics": _named_means(rows, "method_metrics"),
+        "diagnostics": _named_means(rows, "diagnostics"),
     }
 
 
-def _method_metrics(rows: list[dict]) -> dict:
-    """Means over samples of each selector-specific number (e.g. ShadowKV's chunk hit rate)."""
+def _named_means(rows: list[dict], field: str) -> dict:
+    """Means over samples of each named number a method reports per sample (`method_metrics`: e.g. ShadowKV's chunk
+    hit rate; `diagnostics`: e.g. the LOCKS coverage certificate), skipping samples where it is None."""
     values: dict[str, list[float]] = {}
     for r in rows:
-        for name, v in (r.get("method_metrics") or {}).items():
-            values.setdefault(name, []).append(float(v))
-    return {name: sum(v) / len(v) for name, v in values.items()}
+        for name, v in (r.get(field) or {}).items():
+            if v is not None:
+                values.setdefault(name, []).append(float(v))
+    return {name: sum(v) / len(v) for name, v in sorted(values.items())}
 
 
 def score_table(metrics: dict) -> str:
@@ -127,8 +128,6 @@ def score_table(metrics: dict) -> str:
              f"{metrics['bytes_read_ratio']:.3f}")
     if metrics.get("coverage") is not None:
         extra += f" | attention-mass coverage {metrics['coverage']:.4f}"
-    if metrics.get("certificate") is not None:
-        extra += f" (certified >= {metrics['certificate']:.4f}, plug-in {metrics['plugin_coverage']:.4f})"
-    for name, value in (metrics.get("method_metrics") or {}).items():
+    for name, value in {**(metrics.get("diagnostics") or {}), **(metrics.get("method_metrics") or {})}.items():
         extra += f" | {name} {value:.4f}"
     return f"{table}\n{extra}"

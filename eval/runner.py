@@ -15,12 +15,22 @@ import yaml
 from tqdm import tqdm
 
 from eval.benchmarks import build_benchmark
-from eval.results import (append_prediction, efficiency_summary, read_predictions, run_dir_name, run_key,
-                          sample_id, score_table, write_json_atomic)
+from eval.results import (
+    append_prediction,
+    efficiency_summary,
+    read_predictions,
+    run_dir_name,
+    run_key,
+    sample_id,
+    score_table,
+    write_json_atomic,
+)
 from eval.tracking import build_logger
-from locks.cache import SelectorCache, prefill_backend
-from locks.generation import generate
-from locks.selector import ConfigError, LayerInfo, MethodSpec, resolve_backend
+from locks.core.cache import SelectorCache, prefill_backend
+from locks.core.generation import generate
+from locks.core.registry import MethodSpec
+from locks.core.selector import LayerInfo, resolve_backend
+from locks.errors import ConfigError
 
 
 def method_spec(method_cfg: dict) -> MethodSpec:
@@ -56,7 +66,7 @@ def run_benchmark(config: dict, cfg) -> dict:
 
 
 def _run_in(out_dir: Path, config: dict, cfg, method: MethodSpec, benchmark, key: str) -> dict:
-    from locks.models import load_model
+    from locks.core.models import load_model
 
     with open(out_dir / "config.yaml", "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)

@@ -1,1 +1,3 @@
-"""Sparse KV-cache decode attention: the selector interface, LOCKS, and the transformers integration."""
+"""Sparse KV-cache decode attention. core/: the method-agnostic harness core; kernels/: the generic fused Triton
+kernels; method/: the LOCKS selector (summaries, selector, kernels); errors.py: the one user-facing error type. The
+baselines live in the top-level `baselines` package. docs/architecture.md."""

@@ -1,20 +1,18 @@
 """Shared by the paper_figs scripts: argument parsing, input lookup and the "missing results" line. All loading,
-tables and plotting come from eval/report.py. Scripts read only result files under --results (default results/)."""
+tables and plotting come from eval/report/. Scripts read only result files under --results (default results/)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from eval import report
+from locks.core.registry import discover, report_order
 
-from eval import report  # noqa: E402  (after the path is set)
+ROOT = Path(__file__).resolve().parents[1]
 
 LONGBENCH_BUDGETS = [64, 128, 256, 512, 1024, 2048]
 INFINITEBENCH_BUDGETS = [512, 2048]
-ALL_METHODS = "fullkv,oracle,locks,quest,shadowkv,rocketkv,lrqk"
+ALL_METHODS = ",".join(sorted(discover(), key=report_order))  # every registered method, in table order
 BENCH_DECODE_CMD = ("python run.py +experiment=paper_latency   # on a GPU: scripts/bench_decode.py at 128K/256K/1M, "
                     "llama and glm shapes, batch 1 and 4, into results/gpu/decode.jsonl")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from common import BENCH_E2E_CMD, e2e_in, missing, parse_args, rel, report
+from paper_figs.common import BENCH_E2E_CMD, e2e_in, missing, parse_args, rel, report
 
 NAME = "e2e_decode"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from common import ALL_METHODS, INFINITEBENCH_BUDGETS, missing, parse_args, rel, report, runs_in
+from paper_figs.common import ALL_METHODS, INFINITEBENCH_BUDGETS, missing, parse_args, rel, report, runs_in
 
 NAME = "infinitebench_table"
 MODEL = "glm4_9b_chat_1m"

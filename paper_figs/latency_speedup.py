@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from common import BENCH_DECODE_CMD, latency_in, missing, parse_args, rel, report
+from paper_figs.common import BENCH_DECODE_CMD, latency_in, missing, parse_args, rel, report
 
 NAME = "latency_speedup"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from common import ALL_METHODS, LONGBENCH_BUDGETS, missing, parse_args, rel, report, runs_in
+from paper_figs.common import ALL_METHODS, LONGBENCH_BUDGETS, missing, parse_args, rel, report, runs_in
 
 NAME = "longbench_curve"
 MODEL = "llama3_1_8b_instruct"

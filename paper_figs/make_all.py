@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import sys
 import traceback
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bytes_per_step  # noqa: E402
-import e2e_decode  # noqa: E402
-import infinitebench_table  # noqa: E402
-import latency_speedup  # noqa: E402
-import longbench_curve  # noqa: E402
-import ruler_embedded  # noqa: E402
-from common import parse_args  # noqa: E402
+from paper_figs import bytes_per_step, e2e_decode, infinitebench_table, latency_speedup, longbench_curve, ruler_embedded
+from paper_figs.common import parse_args
 
 SCRIPTS = [ruler_embedded, infinitebench_table, longbench_curve, latency_speedup, bytes_per_step, e2e_decode]
 

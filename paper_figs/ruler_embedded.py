@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from common import missing, parse_args, rel, report, runs_in
+from paper_figs.common import missing, parse_args, rel, report, runs_in
 
 NAME = "ruler_embedded"
 COMMAND = ("python run.py -m method=fullkv,oracle,locks,quest,shadowkv,rocketkv,lrqk budget=128,512 "

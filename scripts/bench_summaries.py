@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from locks.summaries import PageSummaries, build_summaries, page_svd, quantize  # noqa: E402
+from locks.method.summaries import PageSummaries, build_summaries, page_svd, quantize
 
 
 def loop_svd(keys: torch.Tensor, page_size: int, rank: int):

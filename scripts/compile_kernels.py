@@ -2,7 +2,7 @@
 
 How the configurations are found (docs/kernels.md): every entry point of `locks.kernels` launches through
 `locks.kernels._common.launch`; inside `recording_launches()` the launches are recorded instead of run. This script
-calls the entry points the way their call sites do (the eager and static decode of `locks/attention.py`, the LOCKS
+calls the entry points the way their call sites do (the eager and static decode of `locks/core/attention.py`, the LOCKS
 and Quest selectors, `scripts/bench_decode.py` with its `--tune` variants, `scripts/bench_e2e.py` through the same
 selectors) on tensors of the "meta" device (1M-token shapes cost no memory), over
 
@@ -45,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.shapes import CONFIGURED
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -63,9 +65,7 @@ MAX_BLOCKS_PER_SM = 32
 # the configuration space (the issue's axes plus the shapes of every configured model and of the GPU benchmarks)
 
 DTYPES = ("bf16", "fp16", "fp32")
-MODEL_SHAPES = {  # name: (query heads, KV heads, head dim)
-    "smollm2-135m": (9, 3, 64), "llama-3.1-8b": (32, 8, 128), "qwen2.5-7b": (28, 4, 128), "glm-4-9b": (32, 2, 128),
-}
+MODEL_SHAPES = CONFIGURED  # name: (query heads, KV heads, head dim): every configured model (bench/shapes.py)
 GROUPS = (1, 2, 3, 4, 7, 8, 16)
 HEAD_DIMS = (64, 128)
 MATRIX_KV_HEADS = 2
@@ -90,8 +90,9 @@ def shapes():
 # call sites: each calls the public entry points as its harness code does (the comment names that code)
 
 
-def call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
-    """Yields (site, params, thunk): thunk() calls entry points of locks.kernels on meta tensors."""
+def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
+    """Yields (site, params, thunk): thunk() calls the kernel entry points (K: locks.kernels, LK: locks.method.kernels,
+    QK: baselines.quest.kernels) on meta tensors."""
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
     def meta(*shape, dtype):
@@ -121,18 +122,18 @@ def call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
         P = L // PAGE
         nq = -(-L // PAGE)
 
-        # locks/attention.py sparse_kv, eager decode: every selector's Selection, group-shared (Gs = 1) or per query
+        # locks/core/attention.py sparse_kv, eager decode: every selector's Selection, group-shared (Gs = 1) or per query
         # head (Gs = G: Quest gqa=per_head, LRQK, RocketKV), with or without a validity mask
         for gs, valid in itertools.product(sorted({1, G}), (False, True)):
             idx = meta(B, H, gs, budget, dtype=torch.int64)
-            sel = Selection(indices=idx, valid=meta(B, H, gs, budget, dtype=torch.bool) if valid else None)
+            ok = meta(B, H, gs, budget, dtype=torch.bool) if valid else None
             yield "attention.sparse_kv (eager)", dict(p, Gs=gs, valid=valid), (
-                lambda q=q, k=k, v=v, sel=sel, s=scaling: K.sparse_decode(q, k, v, sel, s))
+                lambda q=q, k=k, v=v, idx=idx, ok=ok, s=scaling: K.sparse_decode(q, k, v, idx, ok, s))
 
-        # locks/attention.py static_decode_step: FullKV, LOCKS's page list (int32 + validity), Quest's (int64)
+        # locks/core/attention.py static_decode_step: FullKV, LOCKS's page list (int32 + validity), Quest's (int64)
         yield "static_decode_step fullkv", p, (lambda q=q, k=k, v=v, s=scaling: K.full_decode(q, k, v, s,
                                                                                             length=length_t))
-        kp = budget // PAGE + 1  # Kt + S + R + 1 (locks/pages.py static_page_list)
+        kp = budget // PAGE + 1  # Kt + S + R + 1 (locks/core/paging.py static_page_list)
         yield "static_decode_step locks", p, (lambda q=q, k=k, v=v, s=scaling, kp=kp, B=B, H=H: K.paged_decode(
             q, k, v, meta(B, H, 1, kp, dtype=torch.int32), s, meta(B, H, 1, kp, dtype=torch.bool), page_size=PAGE,
             length=length_t))
@@ -142,17 +143,17 @@ def call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
                     q, k, v, meta(B, H, gs, budget // PAGE, dtype=torch.int64), s, None, page_size=PAGE,
                     length=length_t))
 
-        # locks/locks_selector.py: scored_pages (eager, candidate range as ints) and static_candidate_scores (the
+        # locks/method/selector.py: scored_pages (eager, candidate range as ints) and static_candidate_scores (the
         # range read from the device length); every aggregation mode of conf/method/locks.yaml
-        s = summaries(B, H, P, d)
+        s = summaries(B, H, P, d).kernel_tensors()
         for mode in ("norm", "raw", "max"):
             yield "locks_selector.scored_pages", dict(p, mode=mode), (
-                lambda q=q, s=s, sc=scaling, G=G, mode=mode, P=P: K.locks_aggregated_scores(
+                lambda q=q, s=s, sc=scaling, G=G, mode=mode, P=P: LK.locks_aggregated_scores(
                     q, s, sc, G, mode=mode, lo=SINK_PAGES, hi=P - RECENT_PAGES, return_heads=True))
             yield "locks_selector.static_candidate_scores", dict(p, mode=mode), (
-                lambda q=q, s=s, sc=scaling, G=G, mode=mode: K.locks_aggregated_scores(
+                lambda q=q, s=s, sc=scaling, G=G, mode=mode: LK.locks_aggregated_scores(
                     q, s, sc, G, mode=mode, lo=SINK_PAGES, hi=RECENT_PAGES, length=length_t, return_heads=True))
-        # locks/locks_selector.py select_static: the step's page list in one launch
+        # locks/method/selector.py select_static: the step's page list in one launch
         kt = budget // PAGE - SINK_PAGES - RECENT_PAGES
         if kt > 0:
             yield "locks_selector.select_static", p, (lambda B=B, H=H, kt=kt, budget=budget: K.static_pages(
@@ -161,19 +162,19 @@ def call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
         # baselines/quest.py: page_bounds (eager and static; metadata in the keys' dtype) and the static min/max update
         kmax = meta(B, H, nq, d, dtype=dtype)
         kmin = meta(B, H, nq, d, dtype=dtype)
-        yield "quest.page_bounds", p, (lambda q=q, a=kmax, b=kmin: K.quest_page_scores(q, a, b))
-        yield "quest.select_static", p, (lambda k=k, a=kmax, b=kmin: K.quest_append(k, a, b, length_t, PAGE))
+        yield "quest.page_bounds", p, (lambda q=q, a=kmax, b=kmin: QK.quest_page_scores(q, a, b))
+        yield "quest.select_static", p, (lambda k=k, a=kmax, b=kmin: QK.quest_append(k, a, b, length_t, PAGE))
 
         # the rest of the public API (every constexpr branch): per-head LOCKS scores, the one-pass log Z variant,
         # Quest's group reductions
-        yield "api locks_page_scores", p, (lambda q=q, s=s, sc=scaling: K.locks_page_scores(q, s, sc))
+        yield "api locks_page_scores", p, (lambda q=q, s=s, sc=scaling: LK.locks_page_scores(q, s, sc))
         for mode in ("norm", "max"):
             yield "api locks_aggregated_scores(log_z)", dict(p, mode=mode), (
-                lambda q=q, s=s, sc=scaling, G=G, mode=mode, B=B, Hq=Hq: K.locks_aggregated_scores(
+                lambda q=q, s=s, sc=scaling, G=G, mode=mode, B=B, Hq=Hq: LK.locks_aggregated_scores(
                     q, s, sc, G, mode, 0, None, log_z=meta(B, Hq, dtype=torch.float32)))
         for reduce in ("max", "sum"):
             yield "api quest_group_scores", dict(p, reduce=reduce), (
-                lambda q=q, a=kmax, b=kmin, r=reduce: K.quest_group_scores(q, a, b, r))
+                lambda q=q, a=kmax, b=kmin, r=reduce: QK.quest_group_scores(q, a, b, r))
 
         # scripts/bench_decode.py (bf16 on the GPU; its steps and --tune variants) -- the same entry points, the page
         # lists of select_pages (int64, no validity) and the length as an int
@@ -183,9 +184,9 @@ def call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
             yield "bench_decode locks_fused", p, (lambda q=q, k=k, v=v, s=scaling, kl=kl, B=B, H=H, L=L:
                                                   K.paged_decode(q, k, v, meta(B, H, kl, dtype=torch.int64), s,
                                                                  page_size=PAGE, length=L))
-            yield "bench_decode locks_score", p, (lambda q=q, s=s, sc=scaling, G=G, P=P: K.locks_aggregated_scores(
+            yield "bench_decode locks_score", p, (lambda q=q, s=s, sc=scaling, G=G, P=P: LK.locks_aggregated_scores(
                 q, s, sc, G, "norm", SINK_PAGES, P - RECENT_PAGES))
-            yield "bench_decode quest_fused", p, (lambda q=q, a=kmax, b=kmin, nq=nq: K.quest_group_scores(
+            yield "bench_decode quest_fused", p, (lambda q=q, a=kmax, b=kmin, nq=nq: QK.quest_group_scores(
                 q, a[:, :, :nq - 1], b[:, :, :nq - 1], "max"))
             yield "bench_decode quest_fused_per_head", p, (
                 lambda q=q, k=k, v=v, s=scaling, B=B, H=H, G=G, L=L, budget=budget: K.paged_decode(
@@ -195,9 +196,9 @@ def call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
                     for kw in variants:
                         call = {
                             "locks_aggregated_scores": lambda q=q, s=s, sc=scaling, G=G, P=P, kw=kw:
-                                K.locks_aggregated_scores(q, s, sc, G, "norm", SINK_PAGES, P - RECENT_PAGES, **kw),
+                                LK.locks_aggregated_scores(q, s, sc, G, "norm", SINK_PAGES, P - RECENT_PAGES, **kw),
                             "full_decode": lambda q=q, k=k, v=v, sc=scaling, kw=kw: K.full_decode(q, k, v, sc, **kw),
-                            "quest_group_scores": lambda q=q, a=kmax, b=kmin, kw=kw: K.quest_group_scores(
+                            "quest_group_scores": lambda q=q, a=kmax, b=kmin, kw=kw: QK.quest_group_scores(
                                 q, a, b, "max", **kw),
                         }[entry]
                         yield f"bench_decode --tune {entry}", dict(p, **kw), call
@@ -205,6 +206,21 @@ def call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
 
 # ---------------------------------------------------------------------------------------------------------------
 # compile keys: Triton's own launch-time specialization, without a driver
+
+
+def kernel_modules() -> list[str]:
+    """Every module with Triton kernels: the generic ones (locks/kernels/) and each method's `kernels` module."""
+    import pkgutil
+
+    import baselines
+    import locks
+
+    out = []
+    for package in (locks, baselines):
+        for m in pkgutil.walk_packages(package.__path__, prefix=f"{package.__name__}."):
+            if m.name.startswith("locks.kernels.") or m.name.endswith(".kernels"):
+                out.append(m.name)
+    return sorted(out)
 
 
 def compile_key(launch, backend):
@@ -349,14 +365,14 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def record(arch, backend, resident, torch, K, common, Selection, QuantizedPageSummaries, tuning_variants):
+def record(arch, backend, resident, torch, K, LK, QK, common, QuantizedPageSummaries, tuning_variants):
     """Every launch of every call site on this target -> ({compile key: configuration}, benchmark-shape launches,
     number of launches)."""
     configs: dict[str, dict] = {}
     bench = []
     n_launches = 0
     with common.recording_launches(sms=SMS[arch], resident=resident) as launches:
-        for site, params, thunk in call_sites(torch, K, Selection, QuantizedPageSummaries, tuning_variants):
+        for site, params, thunk in call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
             start = len(launches)
             thunk()
             for ln in launches[start:]:
@@ -392,25 +408,25 @@ def main(argv=None) -> int:
     os.environ["TRITON_CACHE_DIR"] = cache.name  # a fresh cache: ptxas runs (and reports) for every configuration
     os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the default of every triton so far, said explicitly
-    sys.path.insert(0, str(ROOT))
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
 
+    from baselines.quest import kernels as QK
     from locks import kernels as K
     from locks.kernels import _common
     from locks.kernels.tuning import TUNING_VARIANTS
-    from locks.selector import Selection
-    from locks.summaries import QuantizedPageSummaries
+    from locks.method import kernels as LK
+    from locks.method.summaries import QuantizedPageSummaries
 
     cuobjdump = str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump")
     version = triton.__version__
     print(f"compile_kernels: triton {version} ({Path(triton.__file__).parent}), torch {torch.__version__}, "
           f"targets {', '.join(f'sm_{a}' for a in args.arch)}", flush=True)
 
-    all_kernels = sorted({name for mod in ("decode", "locks_score", "quest_score", "static_pages")
-                          for name, obj in vars(importlib.import_module(f"locks.kernels.{mod}")).items()
+    all_kernels = sorted({name for mod in kernel_modules()
+                          for name, obj in vars(importlib.import_module(mod)).items()
                           if isinstance(obj, triton.runtime.JITFunction) and name.endswith("_kernel")})
     results = _load(args.out)
     failed = 0
@@ -428,7 +444,7 @@ def main(argv=None) -> int:
         # Record, compile what is new, record again with the compiled kernels' occupancy (grids follow it) until no
         # new configuration appears: the table holds every configuration the entry points launch on this target.
         for _ in range(4):
-            configs, bench, n_launches = record(arch, backend, resident, torch, K, _common, Selection,
+            configs, bench, n_launches = record(arch, backend, resident, torch, K, LK, QK, _common,
                                                 QuantizedPageSummaries, TUNING_VARIANTS)
             todo = [kc for kc in configs.items() if kc[0] not in rows
                     and (not args.kernels or kc[1]["kernel"] in args.kernels)]

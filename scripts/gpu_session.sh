@@ -45,7 +45,7 @@ if [ "$mode" = dry ]; then sizes=(--dry-run); fi
 } 2>&1 | tee "$OUT/env.txt"
 
 echo "== 1. kernel and static-decode tests"
-timeout "${TESTS_S:-90}" "$PY" -m pytest -q -x -p no:cacheprovider tests/test_kernels.py tests/test_static_decode.py \
+timeout "${TESTS_S:-90}" "$PY" -m pytest -q -x -p no:cacheprovider tests/core/test_decode_kernels.py tests/core/test_static_decode.py \
   2>&1 | tee "$OUT/tests.txt"
 echo "== 2. per-layer decode attention"
 timeout "${DECODE_S:-120}" "$PY" scripts/bench_decode.py --out "$OUT/decode.jsonl" "${sizes[@]}" 2>&1 \

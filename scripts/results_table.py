@@ -20,14 +20,12 @@ def row(path: Path) -> dict:
         "attended tokens/step": round(m["attended_tokens_per_step"], 1),
         "bytes vs FullKV": round(m["bytes_read_ratio"], 3),
         "coverage": None if m.get("coverage") is None else round(m["coverage"], 4),
-        "certificate": None if m.get("certificate") is None else round(m["certificate"], 4),
+        **{name: None if v is None else round(v, 4) for name, v in (m.get("diagnostics") or {}).items()},
         "s/sample (CPU)": round(m["seconds_per_sample"], 1),
     })
     if m.get("h2d_bytes_per_step"):
         out["host→device MB/step"] = round(m["h2d_bytes_per_step"] / 1e6, 2)
-    shown = {"chunk_hit_rate": "hit rate", "hit_rate": "hit rate", "quest_union_ratio": "GQA union ratio",
-             "kept_fraction": "kept by stage 1"}
-    extras = [f"{label} {m['method_metrics'][k]:.3f}" for k, label in shown.items() if k in (m.get("method_metrics") or {})]
+    extras = [f"{name} {value:.3f}" for name, value in (m.get("method_metrics") or {}).items()]
     if extras:
         out["method metrics"] = ", ".join(extras)
     return out

@@ -1,4 +1,4 @@
-"""InfiniteBench as a harness benchmark (eval/API.md; specs/infinitebench.md).
+"""InfiniteBench as a harness benchmark (eval/API.md; docs/benchmarks/infinitebench.md).
 
 Prompt building, per-task token budgets and middle truncation follow the official code at commit 88b3daa:
 
@@ -107,13 +107,13 @@ def _apply_chat(tokenizer, messages: list[dict]) -> str:
 
 
 class InfiniteBench:
-    """The 12 InfiniteBench tasks (specs/infinitebench.md); constructed as InfiniteBench(cfg)."""
+    """The 12 InfiniteBench tasks (docs/benchmarks/infinitebench.md); constructed as InfiniteBench(cfg)."""
 
     name = "infinitebench"
     row_fields = ("prompt_tokens", "truncated")
 
     def __init__(self, cfg):
-        from locks.selector import ConfigError
+        from locks.errors import ConfigError
 
         self.cfg = cfg
         self.tasks = list(cfg.tasks) if cfg.get("tasks") else list(scoring.TASKS)

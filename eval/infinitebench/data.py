@@ -1,4 +1,4 @@
-"""InfiniteBench loader (specs/infinitebench.md §2).
+"""InfiniteBench loader (docs/benchmarks/infinitebench.md).
 
 Two sources, same schema:
 * local ``<data_dir>/<task>.jsonl`` (the raw files of the HF dataset repo), read with

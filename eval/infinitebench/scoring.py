@@ -1,4 +1,4 @@
-"""InfiniteBench per-task scorers, two variants (specs/infinitebench.md §6).
+"""InfiniteBench per-task scorers, two variants (docs/benchmarks/infinitebench.md).
 
 * ``"2024-06"`` -- the scorers of the official snapshot ``88b3daa`` (June 2024), including their type quirks
   (kv_retrieval never unwraps a list label, code_run compares an int with a string label, math_find raises

@@ -1,5 +1,5 @@
 """LongBench v1 (21 tasks) and LongBench-E (13 tasks), as the official THUDM/LongBench v1 code prompts, truncates
-and scores them (shared/specs/longbench.md). Public API:
+and scores them (docs/benchmarks/longbench.md). Public API:
   benchmark.LongBench(cfg), benchmark.LongBenchE(cfg)   -- the eval/API.md benchmark (name longbench / longbench_e)
   benchmark.build_prompt, benchmark.middle_truncate
   data.load_task(task, e=False, data_dir=None)

@@ -1,6 +1,6 @@
 """LongBench v1 (21 tasks) and LongBench-E (13 tasks) behind the benchmark interface of eval/API.md.
 
-Prompting, truncation and scoring follow shared/specs/longbench.md, i.e. the official THUDM/LongBench v1 code
+Prompting, truncation and scoring follow docs/benchmarks/longbench.md, i.e. the official THUDM/LongBench v1 code
 (`LongBench/pred.py`, `eval.py`, `metrics.py`, main@2e00731), re-written here:
   1. prompt = template.format(**record)                                        (config/dataset2prompt.json)
   2. tokenize with the tokenizer's default special tokens, no truncation
@@ -31,7 +31,7 @@ BUCKETS = tuple(b[0] for b in _DATA["length_buckets"])
 
 def _config_error(msg: str) -> Exception:
     try:
-        from locks.selector import ConfigError
+        from locks.errors import ConfigError
     except Exception:  # pragma: no cover - the harness always has it
         return ValueError(msg)
     return ConfigError(msg)

@@ -1,4 +1,4 @@
-"""LongBench / LongBench-E loader (shared/specs/longbench.md §2).
+"""LongBench / LongBench-E loader (docs/benchmarks/longbench.md).
 
 Sources, in this order of preference:
   * `data_dir` given: `<data_dir>/<config>.jsonl` (the raw JSONL of the official `data.zip`, i.e. `data/<config>.jsonl`),

@@ -1,4 +1,4 @@
-"""LongBench v1 metrics and scorers (shared/specs/longbench.md §5-§6), written from the spec.
+"""LongBench v1 metrics and scorers (docs/benchmarks/longbench.md), written from the spec.
 
 Semantics follow the official THUDM/LongBench `LongBench/metrics.py` and `LongBench/eval.py` (main@2e00731),
 including the library behaviour that decides the numbers: pltrdy `rouge` 1.0.1 (set-based, case-sensitive,

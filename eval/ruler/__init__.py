@@ -1,6 +1,6 @@
 """RULER (NVIDIA/RULER) benchmark: all 13 tasks (8 NIAH, vt, cwe, fwe, qa_1, qa_2) and the scorers.
 
-See shared/specs/ruler.md.  Public API:
+See docs/benchmarks/ruler.md.  Public API:
   tasks.ALL_TASKS, tasks.NIAH_TASKS, tasks.SELF_CONTAINED_TASKS, tasks.NIAH_SELF_CONTAINED_TASKS,
   tasks.CATEGORIES, tasks.GENERATOR_VERSION (NIAH), tasks.GENERATOR_VERSIONS (per family)
   generate.generate_samples(task, tokenizer, context_length, num_samples, seed=42, chat_template=True,

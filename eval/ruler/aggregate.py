@@ -1,4 +1,4 @@
-"""RULER score aggregation (shared/specs/ruler.md §9).
+"""RULER score aggregation (docs/benchmarks/ruler.md).
 
   * score at a length = plain mean of the task scores present (13 for full RULER);
   * per-category view (paper): NIAH = 8 niah tasks, VT, Aggregation = cwe + fwe, QA = qa_1 + qa_2,

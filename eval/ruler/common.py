@@ -1,9 +1,9 @@
 """Helpers shared by the non-NIAH RULER generators (vt, cwe, fwe, qa): token counting, prompt
-wrapping, the haystack-size binary search of shared/specs/ruler.md §4 and data-file lookup.
+wrapping, the haystack-size binary search of docs/benchmarks/ruler.md and data-file lookup.
 
 The search reproduces NVIDIA/RULER c3f5e3b exactly (bound from a prompt-only probe, no search above the
 bound, the same random draws in the same order), so that every sample is upstream's byte for byte; this
-is checked against upstream's own output by tests/test_conformance_ruler.py.  The NIAH generator
+is checked against upstream's own output by tests/eval/test_conformance_ruler.py.  The NIAH generator
 (niah.py) keeps its own copy of the same logic.
 """
 

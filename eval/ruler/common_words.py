@@ -1,7 +1,7 @@
-"""RULER common words extraction ("cwe"), shared/specs/ruler.md §5.3 (haystack sizing §4).
+"""RULER common words extraction ("cwe"), docs/benchmarks/ruler.md (haystack sizing §4).
 
 Reproduces NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/common_words_extraction.py`` ("upstream") byte
-for byte (checked by tests/test_conformance_ruler.py): one ``random.Random(seed)`` stream draws the words
+for byte (checked by tests/eval/test_conformance_ruler.py): one ``random.Random(seed)`` stream draws the words
 (4096-word probe, binary search, then the samples), every list is shuffled with a fresh ``Random(seed)``,
 the search bound is ``int(B // tokens_per_word) * 2`` from the prompt-only probe, and a call that needs
 more distinct words than the wonderwords pool holds draws from ``english_words.json`` (its ``.values()``

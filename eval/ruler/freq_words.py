@@ -1,4 +1,4 @@
-"""RULER frequent words extraction ("fwe"), shared/specs/ruler.md §5.4 (linear length search §4).
+"""RULER frequent words extraction ("fwe"), docs/benchmarks/ruler.md (linear length search §4).
 
 Written from the specification; where it is silent, NVIDIA/RULER c3f5e3b
 ``scripts/data/synthetic/freq_words_extraction.py`` is followed ("upstream"): one ``random.Random(seed)``

@@ -1,4 +1,4 @@
-"""One entry point for all 13 RULER tasks, with an optional on-disk cache (shared/specs/ruler.md §11).
+"""One entry point for all 13 RULER tasks, with an optional on-disk cache (docs/benchmarks/ruler.md).
 
     generate_samples(task, tokenizer, context_length, num_samples, seed=42, chat_template=True,
                      data_dir=None, essay_path=None, cache_dir=None) -> list[dict]

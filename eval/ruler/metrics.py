@@ -1,4 +1,4 @@
-"""RULER post-processing, scorers and score aggregation (shared/specs/ruler.md §8-9).
+"""RULER post-processing, scorers and score aggregation (docs/benchmarks/ruler.md).
 
 Semantics follow NVIDIA/RULER c3f5e3b ``scripts/eval/evaluate.py`` (``postprocess_pred``) and
 ``scripts/eval/synthetic/constants.py`` (``string_match_all`` / ``string_match_part``), re-written

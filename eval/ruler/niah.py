@@ -1,8 +1,8 @@
-"""RULER needle-in-a-haystack generator (the 8 niah_* tasks), shared/specs/ruler.md §3-5.1.
+"""RULER needle-in-a-haystack generator (the 8 niah_* tasks), docs/benchmarks/ruler.md
 
 Written from the specification; where it is silent the behaviour of NVIDIA/RULER c3f5e3b
 ``scripts/data/synthetic/niah.py`` is reproduced (each such place says "upstream"; checked against
-upstream's own output by tests/test_conformance_ruler.py).  In particular
+upstream's own output by tests/eval/test_conformance_ruler.py).  In particular
 the random stream is consumed in upstream's order (probe, binary search, then the samples, all from
 one ``random.Random(seed)``), so with the same tokenizer and prompt wrapper the same haystack sizes,
 keys, values and positions come out.
@@ -14,7 +14,7 @@ Deliberate differences from upstream (each documented where it happens):
     tokenizer's chat template (upstream rewrites its model template too, which turns e.g. SmolLM2's
     "You are a helpful AI assistant" into "You is ..."); with SmolLM2's chat template this is the only
     difference from upstream's samples (same draws, same token counts), and
-    tests/test_conformance_ruler.py allows exactly that difference and nothing else;
+    tests/eval/test_conformance_ruler.py allows exactly that difference and nothing else;
   * ``index`` is our own 0..n-1 sample id (upstream overwrites it with a character offset);
   * ``input`` is the full prompt given to the model (chat template + answer prefix applied).
 """

@@ -1,8 +1,7 @@
-"""RULER QA tasks ("qa_1" = SQuAD v2.0 dev, "qa_2" = HotpotQA dev distractor), shared/specs/ruler.md
-§5.5 (haystack sizing §4, unit = 10 documents).
+"""RULER QA tasks ("qa_1" = SQuAD v2.0 dev, "qa_2" = HotpotQA dev distractor), docs/benchmarks/ruler.md (haystack sizing §4, unit = 10 documents).
 
 Reproduces NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/qa.py`` ("upstream") byte for byte (checked by
-tests/test_conformance_ruler.py): one ``random.Random(seed)`` stream draws the extra documents (probe and
+tests/eval/test_conformance_ruler.py): one ``random.Random(seed)`` stream draws the extra documents (probe and
 binary search use question 0, sample i uses question i), every document list is shuffled with a fresh
 ``Random(seed)``, and the search bound comes from a prompt-only probe (common.probe_upper_bound).  Data
 are read from local files (RULER's names ``squad.json`` / ``hotpotqa.json`` in ``data_dir``) or, when

@@ -1,6 +1,6 @@
 """RULER benchmark data: templates, answer prefixes, task configs of all 13 tasks.
 
-Everything here is benchmark *data* (specification: shared/specs/ruler.md §2, §3.1, §4, §5.1),
+Everything here is benchmark *data* (specification: docs/benchmarks/ruler.md),
 copied byte for byte from NVIDIA/RULER at commit c3f5e3b (``scripts/data/synthetic/constants.py``,
 ``scripts/synthetic.yaml``, ``scripts/data/synthetic/{niah,variable_tracking,common_words_extraction,
 freq_words_extraction,qa}.py``).  Do not edit the strings: every

@@ -1,7 +1,7 @@
-"""RULER variable tracking ("vt"), shared/specs/ruler.md §5.2 (haystack sizing §4).
+"""RULER variable tracking ("vt"), docs/benchmarks/ruler.md (haystack sizing §4).
 
 Reproduces NVIDIA/RULER c3f5e3b ``scripts/data/synthetic/variable_tracking.py`` ("upstream") byte for byte
-(checked by tests/test_conformance_ruler.py).  Python's ``random`` stream (names, positions) and numpy's
+(checked by tests/eval/test_conformance_ruler.py).  Python's ``random`` stream (names, positions) and numpy's
 legacy stream (values, ``np.random.randint``) are seeded with the seed as upstream does, but as private
 ``random.Random`` / ``np.random.RandomState`` objects (no global state), and are consumed in upstream's
 order:

@@ -1,6 +1,6 @@
 """Split-K flash-decoding over a selected token / page list, or over all tokens (FullKV).
 
-Oracle: `locks.attention.sparse_decode` (gather + fp32 softmax). One query token per sequence.
+Oracle: `locks.core.reference.sparse_decode` (gather + fp32 softmax). One query token per sequence.
 
 `_decode_split_kernel` -- grid (B * Hkv * Gs, num_splits). A program owns one "row group": the G query heads of a
 KV head when the selection is shared by the group (Gs = 1; the heads are padded to 16 rows and every K/V tile is
@@ -37,8 +37,17 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from locks.kernels._common import (cdiv, check_device, dot_in_f32, empty, interpreted, launch, num_sms, pow2,
-                                   resident_blocks)
+from locks.kernels._common import (
+    cdiv,
+    check_device,
+    dot_in_f32,
+    empty,
+    interpreted,
+    launch,
+    num_sms,
+    pow2,
+    resident_blocks,
+)
 
 __all__ = ["sparse_decode", "paged_decode", "full_decode", "decode_splits"]
 
@@ -269,22 +278,16 @@ def _list_args(indices: Tensor, valid: Tensor | None, B: int, Hkv: int, G: int, 
     return idx, valid, indices.shape[2], indices.shape[3]
 
 
-def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel, scaling: float, *, num_splits: int | None = None,
-                  block_n: int | None = None, num_warps: int | None = None) -> tuple[Tensor, Tensor]:
-    """(out [B, Hq, d] in query dtype, lse [B, Hq] fp32) == `locks.attention.sparse_decode(query, keys, values, sel,
-    scaling)`: sel.indices [B, Hkv, Gs, K] token indices (Gs = 1 or G), sel.valid masks entries out.
-
-    Selections that override the attended keys/values (sel.keys / sel.values: reconstructed or offloaded K/V) go
-    to the PyTorch reference; sel.dense attends every token (full_decode)."""
-    if getattr(sel, "dense", False):
-        return full_decode(query, keys, values, scaling, num_splits=num_splits, block_n=block_n, num_warps=num_warps)
-    if getattr(sel, "keys", None) is not None or getattr(sel, "values", None) is not None:
-        from locks.attention import sparse_decode as reference
-        return reference(query, keys, values, sel, scaling)
+def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, indices: Tensor, valid: Tensor | None, scaling: float,
+                  *, num_splits: int | None = None, block_n: int | None = None,
+                  num_warps: int | None = None) -> tuple[Tensor, Tensor]:
+    """(out [B, Hq, d] in query dtype, lse [B, Hq] fp32) == `locks.core.reference.sparse_decode` of the same token
+    list: indices [B, Hkv, Gs, K] (Gs = 1 shared by the group or G per query head), valid (bool, same shape) masks
+    entries out (None: all valid)."""
     query, keys, values = _check_kv(query, keys, values)
     B, Hq, d = query.shape
     Hkv = keys.shape[1]
-    idx, valid, gs, K = _list_args(sel.indices, sel.valid, B, Hkv, Hq // Hkv, "sel.indices")
+    idx, valid, gs, K = _list_args(indices, valid, B, Hkv, Hq // Hkv, "indices")
     if idx.dtype not in (torch.int64, torch.int32):
         idx = idx.long()
     return _run(query, keys, values, scaling, _TOKENS, idx, valid, gs, K, keys.shape[2], 1, num_splits, block_n,

@@ -1,6 +1,6 @@
 """The page list of one static (CUDA-graph) decode step of a page selector, assembled on the device in one launch.
 
-Oracle: `locks.pages.static_page_list` (same arguments, same result). Inputs: the top-Kt candidate pages per KV head
+Oracle: `locks.core.paging.static_page_list` (same arguments, same result). Inputs: the top-Kt candidate pages per KV head
 (torch.topk of the aggregated scores, best first), the device length L, and the fair-mode layout of `PageSelector`:
 S sink pages, R recent pages, page size N, budget B with Kt = B // N - S - R. Output per KV head, Kt + S + R + 1
 page ids (int32) and their validity (uint8):

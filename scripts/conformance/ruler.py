@@ -80,7 +80,7 @@ def load_tokenizer():
     import transformers
 
     sys.path.insert(0, str(REPO))
-    from locks.embedded_model import smollm2_gguf_path
+    from locks.core.embedded_model import smollm2_gguf_path
 
     p = smollm2_gguf_path()
     return transformers.AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name), p

@@ -1,0 +1,150 @@
+"""Fused Quest page scoring (per-page channel-wise key max/min bound; baselines/quest.py, docs/methods/quest.md).
+
+    U_{g,j} = sum_c max(q_g[c] * kmax_j[c], q_g[c] * kmin_j[c])       (fp32, no scaling, no softmax)
+
+`_quest_score_kernel` -- grid (B * Hkv, cdiv(P, BLOCK_P)): one program loads the [BLOCK_P, d] max and min tiles of
+one KV head once (2*d*s B per page, s = element size of the metadata) and scores them for all G query heads of the
+group with two tensor-core dots, using max(q M, q m) = q+ M + q- m (q+ = max(q, 0), q- = min(q, 0)), which holds
+because kmax >= kmin channel-wise (true for any real metadata; the same identity as baselines/quest.py). With
+bf16/fp16 metadata and queries the products are exact and accumulate in fp32; with fp32 inputs the dots run in IEEE
+fp32. Output: per head [B, Hq, P] (4*G B written per page), or reduced over the group in the same program (max or
+sum over the G heads, 4 B per page) -- the `gqa=group` mode of the Quest selector.
+
+`_quest_append_kernel` -- grid (B * Hkv): the static decode's metadata update, the new key (at the device length
+minus one) folded into its page's max/min in one launch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, launch, pow2
+
+__all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "QUEST_REDUCE"]
+
+QUEST_REDUCE = {"max": 1, "sum": 2}
+
+
+@triton.jit(do_not_specialize=["Hkv", "G"])
+def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
+                        out_ptr, Hkv, P, G, D,
+                        BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+                        F32: tl.constexpr, REDUCE: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    pb = tl.program_id(1)
+    b = bh // Hkv
+    h = bh % Hkv
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pmask = offs_p < P
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+
+    q = tl.load(q_ptr + b * stride_qb + (h * G + g)[:, None] * stride_qh + dd[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+    qp = tl.maximum(q, 0.0)  # exact in the query dtype again below (sign split only)
+    qn = tl.minimum(q, 0.0)
+    base = b * stride_mb + h * stride_mh + offs_p.to(tl.int64)[:, None] * stride_mp + dd[None, :]
+    tmask = pmask[:, None] & dmask[None, :]
+    kmax = tl.load(mx_ptr + base, mask=tmask, other=0.0)
+    kmin = tl.load(mn_ptr + base, mask=tmask, other=0.0)
+    if F32:
+        U = tl.dot(qp.to(tl.float32), tl.trans(kmax.to(tl.float32)), input_precision="ieee")
+        U += tl.dot(qn.to(tl.float32), tl.trans(kmin.to(tl.float32)), input_precision="ieee")
+    else:
+        U = tl.dot(qp.to(kmax.dtype), tl.trans(kmax))
+        U += tl.dot(qn.to(kmin.dtype), tl.trans(kmin))
+    if REDUCE == 0:
+        tl.store(out_ptr + (bh * G + g)[:, None] * P + offs_p[None, :], U, mask=gmask[:, None] & pmask[None, :])
+    else:
+        if REDUCE == 1:
+            A = tl.max(tl.where(gmask[:, None], U, float("-inf")), axis=0)
+        else:
+            A = tl.sum(tl.where(gmask[:, None], U, 0.0), axis=0)
+        tl.store(out_ptr + bh * P + offs_p, A, mask=pmask)
+
+
+def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | None,
+            num_warps: int | None) -> Tensor:
+    if q.dim() != 3 or kmax.dim() != 4 or kmax.shape != kmin.shape:
+        raise ValueError(f"expected q [B, Hq, d] and kmax/kmin [B, Hkv, P, d] (got {tuple(q.shape)}, "
+                         f"{tuple(kmax.shape)}, {tuple(kmin.shape)})")
+    B, Hq, d = q.shape
+    Bm, H, P, dm = kmax.shape
+    if Bm != B or dm != d or Hq % H:
+        raise ValueError(f"q {tuple(q.shape)} does not match metadata {tuple(kmax.shape)}")
+    check_device(_quest_score_kernel, q, kmax, kmin)
+    G = Hq // H
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if kmax.stride() != kmin.stride() or kmax.stride(-1) != 1:
+        kmax, kmin = kmax.contiguous(), kmin.contiguous()
+    if q.dtype != kmax.dtype and kmax.dtype != torch.float32:
+        # mixed precision: score in fp32 on the metadata values (exact upcast)
+        q = q.float()
+    f32 = dot_in_f32(_quest_score_kernel, q.dtype, kmax.dtype)
+    # fp32 operands (IEEE dots) at d = 128 spill with 64-page tiles and 4 warps (results/kernels_compile.md)
+    wide_f32 = (d > 64 and not interpreted(_quest_score_kernel)
+                and not (q.dtype == kmax.dtype and q.dtype in (torch.bfloat16, torch.float16)))
+    block_p = block_p or (32 if wide_f32 else 64)
+    num_warps = num_warps or (8 if wide_f32 else 4)
+    out = empty(B, Hq if reduce == 0 else H, P, dtype=torch.float32, device=q.device)
+    if P > 0:
+        launch(
+            _quest_score_kernel, (B * H, cdiv(P, block_p)),
+            q, q.stride(0), q.stride(1), kmax, kmin, kmax.stride(0), kmax.stride(1), kmax.stride(2),
+            out, H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p, BLOCK_D=pow2(d, 16), F32=f32, REDUCE=reduce,
+            num_warps=num_warps)
+    return out
+
+
+def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, block_p: int | None = None,
+                      num_warps: int | None = None) -> Tensor:
+    """U [B, Hq, P] fp32 per query head; q [B, Hq, d], kmax/kmin [B, Hkv, P, d] (kmax >= kmin)."""
+    return _launch(q, kmax, kmin, 0, block_p, num_warps)
+
+
+def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max", *, block_p: int | None = None,
+                       num_warps: int | None = None) -> Tensor:
+    """[B, Hkv, P] fp32: max or sum over the G query heads of each KV head of `quest_page_scores`."""
+    if reduce not in QUEST_REDUCE:
+        raise ValueError(f"reduce must be one of {tuple(QUEST_REDUCE)} (got {reduce!r})")
+    return _launch(q, kmax, kmin, QUEST_REDUCE[reduce], block_p, num_warps)
+
+
+@triton.jit(do_not_specialize=["Hkv"])
+def _quest_append_kernel(k_ptr, stride_kb, stride_kh, stride_kl, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
+                         len_ptr, Hkv, D, P: tl.constexpr, BLOCK_D: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    b = bh // Hkv
+    h = bh % Hkv
+    pos = tl.load(len_ptr).to(tl.int64) - 1
+    page = pos // P
+    dd = tl.arange(0, BLOCK_D)
+    dmask = dd < D
+    key = tl.load(k_ptr + b * stride_kb + h * stride_kh + pos * stride_kl + dd, mask=dmask)
+    row = b * stride_mb + h * stride_mh + page * stride_mp + dd
+    first = pos % P == 0  # a new page starts from its first key
+    # compared in fp32 (exact for 16-bit values; the interpreter compares bf16 by bit pattern), stored back exactly
+    key = key.to(tl.float32)
+    mx = tl.load(mx_ptr + row, mask=dmask).to(tl.float32)
+    mn = tl.load(mn_ptr + row, mask=dmask).to(tl.float32)
+    out_ty = mx_ptr.dtype.element_ty
+    tl.store(mx_ptr + row, tl.where(first, key, tl.maximum(mx, key)).to(out_ty), mask=dmask)
+    tl.store(mn_ptr + row, tl.where(first, key, tl.minimum(mn, key)).to(out_ty), mask=dmask)
+
+
+def quest_append(keys: Tensor, kmax: Tensor, kmin: Tensor, length: Tensor, page_size: int) -> None:
+    """Fold the key at slot length - 1 of keys [B, Hkv, L, d] into its page's kmax/kmin [B, Hkv, P, d] in place (the
+    page restarts from it when it is the page's first key); length is a one-element device tensor (static decode).
+    Oracle: `QuestSelector._append_static_reference`."""
+    check_device(_quest_append_kernel, keys, kmax, kmin, length)
+    B, H, _, d = keys.shape
+    if keys.stride(-1) != 1 or kmax.stride(-1) != 1 or kmax.stride() != kmin.stride() or kmax.dtype != keys.dtype:
+        raise ValueError("quest_append needs unit-stride rows and metadata of the keys' dtype and layout")
+    launch(_quest_append_kernel, (B * H,), keys, keys.stride(0), keys.stride(1), keys.stride(2), kmax, kmin,
+           kmax.stride(0), kmax.stride(1), kmax.stride(2), length.reshape(1), H, d, P=page_size, BLOCK_D=pow2(d, 16),
+           num_warps=1)

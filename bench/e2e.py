@@ -1,0 +1,306 @@
+"""End-to-end decode step of a random-weight model, captured as a CUDA graph: FullKV vs LOCKS vs Quest (issue 7).
+
+An eager transformers step hides any attention saving at batch 1 (issue 7's anchor: a GLM-4-9B-shaped stock step at
+128K takes 28 ms eager against a 5.4 ms byte floor), so every method runs the harness's static decode step
+(`locks/core/static_decode.py`): the cache preallocated for the whole run, the step captured once as a CUDA graph and
+replayed. FullKV runs twice, through our split-K kernel over the valid length (`fullkv`) and through PyTorch's
+SDPA with a length mask (`fullkv_sdpa`); the sparse methods' speedups are against the faster of the two. Models are built from their config with random bf16 weights (no download):
+  glm    GLM-4-9B   (transformers GlmConfig defaults: 40 layers, 32 query / 2 KV heads, d = 128, 151,552 vocab)
+  llama  Llama-3.1-8B (32 layers, 32 / 8 heads, d = 128, 128,256 vocab; contexts whose cache does not fit are skipped)
+The KV cache of every layer is filled with random values (never zeros) at the context length, without a prefill;
+LOCKS summaries are random values in the exact quantized layout (`--summaries random`, GPU default: timing depends on
+the layout, not the values, and building 5M pages costs minutes of GPU time) or built from the keys in chunks
+(`--summaries build`, dry-run default); Quest's min/max are computed from the keys.
+
+Per (shape, context, method), records of kind "e2e":
+  ms_graph      median of --reps replays of the captured step at one position (CUDA events; a replay at a fixed
+                position rewrites the same slot, so repeating it is exact), captured without the device-side count
+                of attended tokens (Quest's per-head union: accounting, not part of the method)
+  ms_eager      median of a few eager runs of the same static step (Python + kernel launches)
+  ms_per_token  wall time per generated token over --tokens tokens: replay + host upkeep (LOCKS summarizes each
+                completed page) + the greedy argmax + the accounting, i.e. 1000 / tokens_per_s
+  bytes_per_step = weight bytes + the method's K/V + metadata bytes of one step (the harness's accounting),
+                byte_floor_ms at --bandwidth, speedup_vs_fullkv (FullKV ms_graph / ms_graph) next to the byte-bound
+                ceiling (FullKV bytes / bytes) for the same shape and context
+and one "check" per method: the replayed step's logits against an eager run of the same static step (max rel err),
+and one "profile" per method: the --profile-top kernels of --profile-reps replays by device time (torch.profiler;
+CPU time in --dry-run), with the number of kernels launched per step -- where the step's time goes.
+
+Every record is printed as soon as it is taken and appended to --out (JSON lines, flushed). --dry-run runs the whole
+script on CPU at tiny sizes under the Triton interpreter (the static step runs eagerly; no graph, timings
+meaningless) and exits non-zero if a check fails.
+
+    python scripts/bench_e2e.py --out results/gpu/bench_e2e.jsonl
+    python scripts/bench_e2e.py --dry-run --out /tmp/e2e.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from bench.inputs import build_summaries_chunked, random_summaries, rel_err
+from bench.records import Recorder
+from bench.shapes import MODELS, MODELS_DRY
+from locks.method import LocksSelector
+
+# method -> (registry name, backend): FullKV twice, through our split-K kernel over the valid length and through
+# PyTorch's SDPA with a length mask (whichever backend PyTorch picks); speedups are against the faster of the two
+METHODS = {"fullkv": ("fullkv", "triton"), "fullkv_sdpa": ("fullkv", "torch"), "locks": ("locks", "triton"),
+           "quest": ("quest", "triton")}
+FULLKV = ("fullkv", "fullkv_sdpa")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
+    p.add_argument("--out", default="results/gpu/bench_e2e.jsonl", help="JSON-lines file, appended as it goes")
+    p.add_argument("--shapes", nargs="+", default=["glm", "llama"], choices=sorted(MODELS))
+    p.add_argument("--contexts", type=int, nargs="+", default=[131072, 262144, 1048576])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--reps", type=int, default=30, help="timed replays (median; >= 20 on GPU)")
+    p.add_argument("--tokens", type=int, default=32, help="tokens generated for the per-token wall time")
+    p.add_argument("--eager-reps", type=int, default=3)
+    p.add_argument("--summaries", choices=["random", "build"], default=None)
+    p.add_argument("--profile-reps", type=int, default=3, help="replays under torch.profiler (0: no profile)")
+    p.add_argument("--profile-top", type=int, default=15)
+    p.add_argument("--bandwidth", type=float, default=4.5e12, help="bytes/s for the byte floor (H200 measured)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.dry_run:
+        args.contexts = [700]  # not a multiple of 16
+        args.budget = 128
+        args.reps, args.tokens, args.eager_reps, args.profile_reps = 2, 20, 1, 1  # 20 tokens cross a page boundary
+        args.summaries = args.summaries or "build"
+    else:
+        args.summaries = args.summaries or "random"
+        if args.reps < 20:
+            p.error("--reps must be >= 20 (median of at least 20 steps)")
+    return args
+
+
+def build_model(kind: str, overrides: dict, device, dtype):
+    from transformers import GlmConfig, GlmForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from locks.core.attention import register_attention
+
+    config_cls, model_cls = (GlmConfig, GlmForCausalLM) if kind == "glm" else (LlamaConfig, LlamaForCausalLM)
+    config = config_cls(**overrides, attn_implementation=register_attention())
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def kv_bytes(model, L: int) -> int:
+    c = model.config
+    return 2 * L * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * 2
+
+
+def fill_cache(cache, L: int, gen, summaries: str, device, dtype) -> None:
+    """Random K/V at every layer (what a prefill would leave), then each selector's prefill state."""
+    from locks.core.selector import PrefillContext
+
+    cache.phase = "prefill"
+    positions = torch.arange(L, device=device)[None]
+    for layer, info in zip(cache.layers, cache.infos):
+        shape = (1, info.num_kv_heads, L, info.head_dim)
+        k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+        v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+        layer.update(k, v)
+        selector = layer.selector
+        if isinstance(selector, LocksSelector):  # building 2M pages' summaries costs minutes: random or chunked
+            n = selector.page_size
+            selector.use_summaries(
+                random_summaries(1, info.num_kv_heads, L // n, info.head_dim, selector.rank, n, device, gen)
+                if summaries == "random" else build_summaries_chunked(k, n, selector.rank))
+        else:
+            selector.prefill(PrefillContext(keys=k, values=v, queries=k[:, :, :0], positions=positions,
+                                            pre_rope_keys=lambda: None))
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append(1e3 * (time.perf_counter() - t0))
+    return out
+
+
+def profile_step(args, rec: Recorder, base: dict, replay, device) -> None:
+    """The top kernels (device time; CPU ops off CUDA) of a few replays, per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(args.profile_reps):
+            replay()
+        sync(device)
+    n = args.profile_reps
+    rows = []
+    for e in prof.key_averages():
+        us = (e.self_device_time_total if cuda else e.self_cpu_time_total) / n
+        if us > 0 and (cuda or not e.key.startswith("ProfilerStep")):
+            rows.append(dict(name=e.key[:120], us_per_step=us, calls_per_step=e.count / n))
+    rows.sort(key=lambda r: -r["us_per_step"])
+    total = sum(r["us_per_step"] for r in rows)
+    calls = sum(r["calls_per_step"] for r in rows)
+    rec.write(dict(kind="profile", **base, time_unit="device_us" if cuda else "cpu_us", total_us_per_step=total,
+                   kernels_per_step=calls, top=rows[: args.profile_top]))
+    head = ", ".join(f"{r['name'][:40]} {r['us_per_step']:.0f}" for r in rows[:3])
+    print(f"[{base['shape']} L={base['context']}] {base['method']:<7} profile: {calls:.0f} kernels/step, "
+          f"{total:.0f} us; top: {head}", flush=True)
+
+
+def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, device, dtype, weights: int,
+               fullkv: dict | None) -> dict | None:
+    from locks.core.cache import SelectorCache
+    from locks.core.registry import MethodSpec
+    from locks.core.static_decode import StaticDecodeStep
+
+    base = dict(shape=shape, context=L, method=method, budget=args.budget, batch=1)
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    name, backend = METHODS[method]
+    cache = SelectorCache(model, MethodSpec(name, args.budget, backend=backend))
+    fill_cache(cache, L, gen, args.summaries, device, dtype)
+    step = StaticDecodeStep(model, cache, 1, L + args.tokens + 2, cuda_graph=device.type == "cuda")
+    vocab = model.config.vocab_size
+    token = torch.randint(0, vocab, (1,), generator=gen, device=device)
+
+    def place(position):
+        step.input_ids.copy_(token.view(1, 1))
+        step.position_ids.fill_(position)
+        cache.set_static_position(position)
+
+    with torch.inference_mode():
+        place(L)
+        with cache.static_counters_kept():  # repeated runs of one step add nothing to the accounting
+            eager = time_ms(step.forward, device, args.eager_reps)
+            eager_logits = step.forward().float().clone()
+        logits = step(token, L).float()  # captures on CUDA, then replays; the cache now holds L + 1 tokens
+        cache.stats.steps += 1
+        err = rel_err(logits, eager_logits)
+        ok = bool(torch.isfinite(logits).all()) and err <= 1e-2
+        rec.write(dict(kind="check", **base, check="graph_vs_eager_logits", max_rel_err=err, ok=ok))
+        print(f"[{shape} L={L}] {method:<7} check: replayed vs eager logits max_rel_err {err:.2e} "
+              f"{'ok' if ok else 'FAILED'}", flush=True)
+        if not ok:
+            rec.failures.append(f"{shape} L={L} {method}: graph vs eager logits {err:.2e}")
+        position = L + 1
+        token = logits.argmax(-1)
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.tokens):
+            logits = step(token, position)
+            cache.stats.steps += 1
+            position += 1
+            token = logits.argmax(-1)
+        sync(device)
+        per_token = 1e3 * (time.perf_counter() - t0) / args.tokens
+        cache.finish_static()
+        # the step alone: recaptured without the device-side accounting, replayed at one position
+        cache.device_accounting = False
+        place(position)
+        if step.cuda_graph:
+            step._capture()
+        replay = step.graph.replay if step.graph is not None else step.forward
+        with cache.static_counters_kept():
+            graph = time_ms(replay, device, args.reps)
+            if args.profile_reps > 0:
+                profile_step(args, rec, base, replay, device)
+    stats = cache.stats.summary()
+    step_bytes = weights + stats["bytes_read_per_step"]
+    ms = statistics.median(graph)
+    out = dict(kind="e2e", **base, ms_graph=ms, ms_graph_min=min(graph), ms_eager=statistics.median(eager),
+               timing="cuda_graph" if step.graph is not None else "eager_static", ms_per_token=per_token,
+               tokens_per_s=1e3 / per_token, weights_bytes=weights,
+               kv_and_metadata_bytes_per_step=stats["bytes_read_per_step"], bytes_per_step=step_bytes,
+               byte_floor_ms=1e3 * step_bytes / args.bandwidth, attended_tokens=stats["attended_tokens_per_step"],
+               summaries=args.summaries if method == "locks" else None)
+    if fullkv is not None:
+        out.update(speedup_vs_fullkv=fullkv["ms_graph"] / ms, byte_ceiling=fullkv["bytes_per_step"] / step_bytes,
+                   fullkv_reference=fullkv["method"])
+    rec.write(out)
+    line = (f"[{shape} L={L}] {method:<7} {ms:8.3f} ms/step ({out['timing']}), eager {out['ms_eager']:.3f} ms, "
+            f"{out['tokens_per_s']:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, floor {out['byte_floor_ms']:.3f} ms")
+    if fullkv is not None:
+        line += (f", x{out['speedup_vs_fullkv']:.2f} vs {fullkv['method']} "
+                 f"(byte ceiling x{out['byte_ceiling']:.2f})")
+    print(line, flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before locks.kernels is imported: kernels run on CPU tensors
+        device, dtype = torch.device("cpu"), torch.float32
+    else:
+        if not torch.cuda.is_available():
+            print("bench_e2e: no CUDA device (use --dry-run for the CPU plumbing check)", file=sys.stderr)
+            return 2
+        device, dtype = torch.device("cuda"), torch.bfloat16
+    import transformers
+    import triton
+
+    rec = Recorder(args.out)
+    name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else platform.processor() or "cpu"
+    rec.write(dict(kind="run", script="bench_e2e", device=name, torch=torch.__version__, triton=triton.__version__,
+                   transformers=transformers.__version__, args=vars(args), argv=sys.argv[1:],
+                   time=time.strftime("%Y-%m-%d %H:%M:%S")))
+    print(f"bench_e2e on {name}: torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    shapes = MODELS_DRY if args.dry_run else MODELS
+    for shape in args.shapes:
+        kind, overrides = shapes[shape]
+        model = build_model(kind, overrides, device, dtype)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        for L in args.contexts:
+            need = kv_bytes(model, L + args.tokens + 2) * 1.3  # + selector state and the preallocation copy
+            if device.type == "cuda" and need > torch.cuda.mem_get_info()[0]:
+                rec.write(dict(kind="skip", shape=shape, context=L, reason=f"cache needs ~{need / 2**30:.0f} GiB"))
+                print(f"[{shape} L={L}] skipped: the cache needs ~{need / 2**30:.0f} GiB", flush=True)
+                continue
+            fullkv = None  # the fastest FullKV variant measured so far (they run first)
+            for method in sorted(args.methods, key=lambda m: m not in FULLKV):
+                try:
+                    result = run_method(args, rec, model, shape, L, method, device, dtype, weights,
+                                        None if method in FULLKV else fullkv)
+                    if method in FULLKV and (fullkv is None or result["ms_graph"] < fullkv["ms_graph"]):
+                        fullkv = result
+                except torch.cuda.OutOfMemoryError as e:
+                    rec.write(dict(kind="skip", shape=shape, context=L, method=method, reason=str(e).splitlines()[0]))
+                    print(f"[{shape} L={L}] {method}: out of memory", flush=True)
+                finally:
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+        del model
+    if rec.failures:
+        print("bench_e2e: checks failed:\n  " + "\n  ".join(rec.failures), file=sys.stderr)
+        return 1 if args.dry_run else 0
+    return 0

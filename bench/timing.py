@@ -1,0 +1,72 @@
+"""Median step times: CUDA events around each step, eager and replayed from CUDA graphs; wall clock on CPU."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+class Timer:
+    """Median step time. CUDA: events around each step, graph replay (one graph per rotation slot) and eager.
+    CPU (dry run): wall clock, meaningless except as plumbing."""
+
+    def __init__(self, device: torch.device, reps: int, warmup: int, graphs: bool):
+        self.device, self.reps, self.warmup, self.graphs = device, reps, warmup, graphs
+
+    def _events(self, steps) -> list[float]:
+        times = []
+        for i in range(self.reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            steps[i % len(steps)]()
+            end.record()
+            times.append((start, end))
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in times]
+
+    def time(self, fns: list) -> dict:
+        if self.device.type != "cuda":
+            for i in range(self.warmup):
+                fns[i % len(fns)]()
+            ts = []
+            for i in range(self.reps):
+                t0 = time.perf_counter()
+                fns[i % len(fns)]()
+                ts.append((time.perf_counter() - t0) * 1e3)
+            return {"ms": statistics.median(ts), "ms_min": min(ts), "timing": "cpu_wall", "reps": self.reps,
+                    "ms_eager": None}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (Triton compiles, cuBLAS/cuDNN plans) on a side stream
+            for i in range(max(self.warmup, len(fns))):
+                fns[i % len(fns)]()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        eager = self._events(fns)
+        out = {"ms_eager": statistics.median(eager), "reps": self.reps}
+        graph_error = None
+        if self.graphs:
+            try:
+                pool = torch.cuda.graph_pool_handle()
+                graphs = []
+                for f in fns:
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        f()
+                    graphs.append(g)
+                for g in graphs:
+                    g.replay()
+                torch.cuda.synchronize()
+                ts = self._events([g.replay for g in graphs])
+                out.update(ms=statistics.median(ts), ms_min=min(ts), timing="cuda_graph")
+                del graphs
+                return out
+            except Exception as e:  # record why and fall back to eager
+                graph_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                torch.cuda.synchronize()
+        out.update(ms=out["ms_eager"], ms_min=min(eager), timing="eager")
+        if graph_error:
+            out["graph_error"] = graph_error
+        return out

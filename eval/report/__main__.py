@@ -1,0 +1,5 @@
+import sys
+
+from eval.report.writer import main
+
+sys.exit(main())

@@ -1,0 +1,189 @@
+"""The attention function registered with transformers under the name `sparse_kv`, and the reference sparse decode.
+
+Prefill is dense (transformers' own SDPA path, GQA-native). At decode the layer's selector picks the tokens and
+`sparse_decode` attends exactly to them: gather at KV-head granularity (K/V are never repeated for GQA), softmax in
+fp32, output plus each query head's log-sum-exp. The attention function knows nothing about any method.
+
+The function finds its cache through the `sparse_cache` keyword that the runner passes to `model(...)`; transformers
+forwards unknown model kwargs to the attention function unchanged.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+from locks.core.reference import attended_per_kv_head, dense_lse, paged_attended, paged_tokens, sparse_decode
+from locks.core.selector import PrefillContext, Selection, StepStats, check_finite
+from locks.errors import ConfigError
+
+ATTENTION_NAME = "sparse_kv"
+
+
+def register_attention() -> str:
+    """Register `sparse_kv` (and the matching SDPA mask, without which transformers silently drops the causal mask)."""
+    AttentionInterface.register(ATTENTION_NAME, sparse_kv_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    return ATTENTION_NAME
+
+
+def _alive_selection(alive: Tensor) -> Selection:
+    B, H, L = alive.shape
+    idx = torch.arange(L, device=alive.device).expand(B, H, 1, L)
+    return Selection(indices=idx, valid=alive[:, :, None, :].clone())
+
+
+def dense_prefill(module, query, key, value, attention_mask, dropout, scaling, backend: str, **kwargs) -> Tensor:
+    """Dense causal attention of the prompt: flash-attn's kernel when `backend == "flash_attn"` and the prompt is one
+    unpadded causal block (no mask tensor, as many queries as keys), else transformers' SDPA. -> [B, q, Hq, d]."""
+    if backend == "flash_attn" and attention_mask is None and query.shape[2] == key.shape[2]:
+        from flash_attn import flash_attn_func  # GQA-native: K/V keep their H_kv heads
+
+        return flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dropout_p=dropout,
+                               softmax_scale=scaling, causal=True)
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return out
+
+
+def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention-function contract: query [B, Hq, q, d], key/value [B, Hkv, L, d] (whole cache)."""
+    cache = kwargs.get("sparse_cache")
+    if cache is None:
+        raise ConfigError(
+            "the sparse_kv attention needs its SelectorCache: call the model with `cache=c, sparse_cache=c` "
+            "(locks.core.generation.generate does this)"
+        )
+    layer_idx = module.layer_idx
+    selector = cache.selector(layer_idx)
+    info = cache.infos[layer_idx]
+    scaling = info.scaling if scaling is None else scaling
+
+    if cache.phase == "prefill":
+        check_finite("prompt keys", key)
+        out = dense_prefill(module, query, key, value, attention_mask, dropout, scaling, cache.prefill_backend, **kwargs)
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(key.shape[2], device=key.device).expand(key.shape[0], -1)
+        positions = positions.expand(key.shape[0], -1)
+        k, v = key.detach(), value.detach()  # selector state never takes part in autograd
+        ctx = PrefillContext(
+            keys=k, values=v, queries=query.detach(), positions=positions,
+            pre_rope_keys=lambda: cache.unrotate(k, positions),
+            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length, rotate=cache.rotate,
+        )
+        selector.prefill(ctx)
+        return out, None
+
+    if cache.phase == "decode_static":
+        return static_decode_step(query, key, value, cache, layer_idx, scaling), None
+    if query.shape[2] != 1:
+        raise ConfigError("decode steps take one token per sequence; set cache.phase='prefill' for prompts")
+    if attention_mask is not None and attention_mask.dtype == torch.bool and not bool(attention_mask.all()):
+        # Left padding would put pad tokens into pages and summaries of every method.
+        raise ConfigError("batches with left padding are not supported by the selectors; use batch size 1 "
+                          "(the runner does) or equal-length prompts")
+    check_finite("decoded keys", key[:, :, -1])
+    selector.append(key.detach(), value.detach())
+    q = query[:, :, 0]
+    sel = selector.select(q.detach(), key.detach(), value.detach())
+    B, Hkv, L, d = key.shape
+    alive = None if selector.alive is None else selector.alive_mask(L)
+    if sel.dense and alive is not None:
+        sel = _alive_selection(alive)
+    full_bytes = L * info.token_kv_bytes
+    lse = None
+    if sel.dense:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        attended = float(L)
+    else:
+        o, lse = attend(q, key, value, sel, scaling, cache.backend)
+        out = o.unsqueeze(1)  # [B, 1, Hq, d]
+        attended = float(attended_per_kv_head(sel, L).mean())
+    kv_bytes = sel.kv_bytes if sel.kv_bytes is not None else attended * info.token_kv_bytes
+    stats = StepStats(
+        attended_tokens=attended,
+        forced_tokens=float(sel.forced_tokens),
+        metadata_bytes=float(sel.metadata_bytes),
+        kv_bytes=float(kv_bytes),
+        h2d_bytes=float(sel.h2d_bytes),
+        full_bytes=full_bytes,
+    )
+    coverage = None
+    if cache.measure_coverage:
+        coverage = torch.ones(B, q.shape[1]) if lse is None else torch.exp(lse - dense_lse(q, key, scaling)).cpu()
+    diagnostics = sel.diagnostics(lse) if (sel.diagnostics is not None and lse is not None) else None
+    cache.stats.add(stats, L, coverage, diagnostics)
+    return out, None
+
+
+def attend(q: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: float, backend: str,
+           length: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Exact attention of q [B, Hq, d] over a (non-dense) Selection -> (out [B, Hq, d], lse [B, Hq] fp32): the fused
+    kernels of locks/kernels/ with backend "triton", the PyTorch reference otherwise and whenever the selection
+    brings its own keys/values (reconstructed keys, offloaded values). Page lists are truncated at `length` (the
+    device length of a static step; default: the whole cache)."""
+    if sel.keys is not None or sel.values is not None or backend != "triton":
+        if sel.pages is not None:
+            length = keys.new_full((1,), keys.shape[2], dtype=torch.long) if length is None else length
+            indices, valid = paged_tokens(sel, length, keys.shape[2])
+            sel = Selection(indices=indices, valid=valid)
+        return sparse_decode(q, keys, values, sel, scaling)
+    from locks.kernels import paged_decode
+    from locks.kernels import sparse_decode as fused_sparse_decode
+
+    if sel.pages is not None:
+        return paged_decode(q, keys, values, sel.pages, scaling, sel.page_valid, page_size=sel.page_size, length=length)
+    return fused_sparse_decode(q, keys, values, sel.indices, sel.valid, scaling)
+
+
+def masked_dense_decode(query: Tensor, keys: Tensor, values: Tensor, length: Tensor, scaling: float) -> Tensor:
+    """Attention of query [B, Hq, d] over the first `length` ([1] device tensor) of the preallocated keys/values
+    [B, Hkv, capacity, d] -> [B, Hq, d]: SDPA (GQA-native) with a boolean mask, fixed shapes at every length."""
+    mask = torch.arange(keys.shape[2], device=keys.device) < length
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.unsqueeze(2), keys, values, attn_mask=mask.view(1, 1, 1, -1), scale=scaling, enable_gqa=True)
+    return out[:, :, 0]
+
+
+def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer_idx: int, scaling: float) -> Tensor:
+    """One layer of a static decode step (capturable in a CUDA graph): keys/values are the preallocated cache with
+    `cache.static_length` valid slots; the selector's `select_static` names a fixed number of tokens or pages, attended
+    by the fused kernels (backend triton) or the reference. Attended tokens the host cannot count are added to
+    `cache.static_attended` on the device, as is the coverage when measured. -> [B, 1, Hq, d]."""
+    selector = cache.selector(layer_idx)
+    length = cache.static_length
+    q = query[:, :, 0].detach()
+    sel = selector.select_static(q, keys, values, length)
+    triton = cache.backend == "triton"
+    B, Hq = q.shape[:2]
+    C = keys.shape[2]
+    lse = None
+    if sel.dense:
+        if triton:
+            from locks.kernels import full_decode
+
+            out, lse = full_decode(q, keys, values, scaling, length=length)
+        else:
+            out = masked_dense_decode(q, keys, values, length, scaling)
+    else:
+        out, lse = attend(q, keys, values, sel, scaling, cache.backend, length)
+    if not sel.attended_on_host and cache.device_accounting:
+        if sel.dense:
+            attended = length.to(torch.float64)
+        elif sel.pages is not None:
+            attended = paged_attended(sel, length, C).mean().to(torch.float64).reshape(1)
+        else:
+            attended = attended_per_kv_head(sel, C).mean().to(torch.float64).reshape(1)
+        cache.static_attended[layer_idx : layer_idx + 1].add_(attended)
+    if cache.measure_coverage:
+        if sel.dense:
+            coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
+        else:
+            alive = (torch.arange(C, device=q.device) < length).expand(B, keys.shape[1], -1)
+            coverage = torch.exp(lse - dense_lse(q, keys, scaling, alive)).sum().to(torch.float64).reshape(1)
+        cache.static_coverage[layer_idx : layer_idx + 1].add_(coverage)
+        if sel.diagnostics is not None and lse is not None:
+            cache.add_static_diagnostics(layer_idx, sel.diagnostics(lse))
+    return out.unsqueeze(1)

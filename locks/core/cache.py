@@ -1,0 +1,327 @@
+"""The KV cache that carries one selector per layer next to the full K/V (transformers `Cache` + `CacheLayerMixin`).
+
+The cache never evicts physically: `get_seq_length()` is always the logical length (so RoPE positions stay right,
+`integration.md` pitfall 3) and a selector that evicts marks tokens dead in `Selector.alive` instead. The runner sets
+`cache.phase` ("prefill" / "decode") explicitly; the attention function reads it (pitfall 9). For a static decode
+(`locks/core/static_decode.py`) `start_static` preallocates every layer for the whole generation and sets the phase to
+"decode_static": the new token's slot and the valid length are then device tensors, not Python state.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers.cache_utils import Cache, DynamicLayer
+
+from locks.core.registry import MethodSpec
+from locks.core.selector import LayerInfo, Selector, StepStats, resolve_backend
+from locks.errors import ConfigError
+
+# How each supported transformers model type rotates keys (what rotate/unrotate apply and invert):
+#   half         k*cos + rotate_half(k)*sin over the full head dim, rotate_half(x) = (-x[d/2:], x[:d/2])
+#   interleaved  GLM: the same on the first rotary_dim channels with the pairs (x[2i], x[2i+1]) rotated together
+#                (cos/sin of rotary_dim/2 frequencies, each repeated twice), the other channels passed through
+ROPE_LAYOUTS = {"llama": "half", "mistral": "half", "qwen2": "half", "glm": "interleaved", "glm4": "interleaved"}
+
+
+def prefill_backend(device, dtype) -> str:
+    """"flash_attn" when the optional flash-attn package is importable and the model runs on CUDA in fp16/bf16
+    (`pip install '.[gpu]'`), else "sdpa" (transformers' SDPA path)."""
+    import importlib.util
+
+    usable = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    return "flash_attn" if usable and importlib.util.find_spec("flash_attn") is not None else "sdpa"
+
+
+class SelectorLayer(DynamicLayer):
+    """K/V of one layer in a buffer that grows geometrically (no O(L) re-concatenation per step), plus its selector."""
+
+    def __init__(self, selector: Selector):
+        super().__init__()
+        self.selector = selector
+        self.length = 0
+        self.static_position: Tensor | None = None  # static decode: [1] int64 slot of the token being decoded
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.device = key_states.device
+        B, H, _, D = key_states.shape
+        self._k = key_states.new_empty(B, H, 0, D)
+        self._v = value_states.new_empty(B, H, 0, value_states.shape[-1])
+        self.is_initialized = True
+
+    def _grow(self, needed: int, exact: bool = False) -> None:
+        """exact=True (static decode): exactly `needed` slots, zero-filled (masked slots must hold finite values)."""
+        capacity = self._k.shape[2]
+        if needed <= capacity and not (exact and needed != capacity):
+            return
+        new_capacity = needed if exact else max(needed, 2 * capacity, 256)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            make = old.new_zeros if exact else old.new_empty
+            buf = make(old.shape[0], old.shape[1], new_capacity, old.shape[3])
+            buf[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, buf)
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if self.static_position is not None:  # static decode: write the slot named on the device, return all slots
+            self._k.index_copy_(2, self.static_position, key_states)
+            self._v.index_copy_(2, self.static_position, value_states)
+            return self._k, self._v
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        self._grow(self.length + n)
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def reset(self) -> None:
+        raise NotImplementedError("a SelectorCache holds per-sample selector state; build a new one per sample")
+
+
+@dataclass
+class DecodeStats:
+    """Per-sample accounting, summed over layers within a step and averaged over steps at the end."""
+
+    steps: int = 0
+    layer_steps: int = 0
+    bytes_read: float = 0.0
+    full_bytes: float = 0.0
+    metadata_bytes: float = 0.0
+    h2d_bytes: float = 0.0
+    attended_tokens: float = 0.0
+    forced_tokens: float = 0.0
+    context_tokens: float = 0.0
+    coverage_sum: float = 0.0
+    coverage_count: int = 0
+    diagnostics: dict = field(default_factory=dict)  # name -> [sum, count] (Selection.diagnostics)
+
+    def add_attended(self, tokens: float, kv_bytes: float) -> None:
+        """Attended tokens and their K/V bytes summed over layer-steps, counted on the device (static decode)."""
+        self.attended_tokens += tokens
+        self.bytes_read += kv_bytes
+
+    def add_diagnostics(self, values: dict) -> None:
+        """Sum a step's diagnostics {name: (sum, count)} (tensors or floats) by name."""
+        for name, (total, count) in values.items():
+            acc = self.diagnostics.setdefault(name, [0.0, 0.0])
+            acc[0] += float(total)
+            acc[1] += float(count)
+
+    def add(self, s: StepStats, context: int, coverage: Tensor | None, diagnostics: dict | None = None) -> None:
+        self.layer_steps += 1
+        self.bytes_read += s.bytes_read
+        self.full_bytes += s.full_bytes
+        self.metadata_bytes += s.metadata_bytes
+        self.h2d_bytes += s.h2d_bytes
+        self.attended_tokens += s.attended_tokens
+        self.forced_tokens += s.forced_tokens
+        self.context_tokens += context
+        if coverage is not None:
+            self.coverage_sum += float(coverage.sum())
+            self.coverage_count += coverage.numel()
+        if diagnostics is not None:
+            self.add_diagnostics(diagnostics)
+
+    def summary(self) -> dict:
+        """Means per decode step (bytes: all layers and KV heads of one step; tokens: per layer and KV head)."""
+        steps = max(self.steps, 1)
+        layer_steps = max(self.layer_steps, 1)
+        return {
+            "decode_steps": self.steps,
+            "bytes_read_per_step": self.bytes_read / steps,
+            "full_bytes_per_step": self.full_bytes / steps,
+            "metadata_bytes_per_step": self.metadata_bytes / steps,
+            "h2d_bytes_per_step": self.h2d_bytes / steps,
+            "attended_tokens_per_step": self.attended_tokens / layer_steps,
+            "forced_tokens_per_step": self.forced_tokens / layer_steps,
+            "context_tokens_per_step": self.context_tokens / layer_steps,
+            "coverage": self.coverage_sum / self.coverage_count if self.coverage_count else None,
+            # each diagnostic's mean over what it counted (None when it never counted anything)
+            "diagnostics": {name: (total / count if count else None)
+                            for name, (total, count) in sorted(self.diagnostics.items())},
+        }
+
+
+class SelectorCache(Cache):
+    """A transformers `Cache` with one `SelectorLayer` per decoder layer, built for one model and one method."""
+
+    def __init__(self, model, method: MethodSpec, kv_element_bytes: int = 2, measure_coverage: bool = False):
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        weight = next(model.parameters())
+        self.backend = resolve_backend(method.backend, weight.device)
+        self.prefill_backend = prefill_backend(weight.device, weight.dtype)
+        infos = [
+            LayerInfo(
+                layer_idx=i,
+                num_heads=config.num_attention_heads,
+                num_kv_heads=config.num_key_value_heads,
+                head_dim=head_dim,
+                scaling=head_dim**-0.5,
+                kv_element_bytes=kv_element_bytes,
+                backend=self.backend,
+            )
+            for i in range(config.num_hidden_layers)
+        ]
+        super().__init__(layers=[SelectorLayer(method.build(info)) for info in infos])
+        self.infos = infos
+        self.rotary_emb = model.model.rotary_emb
+        self.model_type = getattr(config, "model_type", None)
+        self.phase = "prefill"
+        self.max_new_tokens: int | None = None  # set by `generate` before the prefill
+        self.max_length = int(getattr(config, "max_position_embeddings", 0)) or None
+        self.measure_coverage = measure_coverage
+        self.stats = DecodeStats()
+        self.decode_mode = "eager"  # set by `generate`: eager | static | cuda_graph
+        # static decode: count on the device the attended tokens the host cannot know (e.g. Quest's per-head union);
+        # a benchmark may turn it off to time the selection and attention alone
+        self.device_accounting = True
+
+    # ----- static decode (locks/core/static_decode.py) -------------------------------------------------------------------
+
+    def start_static(self, capacity: int) -> None:
+        """After the prefill: preallocate every layer's K/V (and its selector's state) for `capacity` tokens and
+        switch to the static decode phase, whose steps have the same shapes and launch the same kernels at every
+        length (the token's slot and the valid length are device tensors set by `set_static_position`)."""
+        errors = sorted({e for layer in self.layers if (e := layer.selector.static_decode_error()) is not None})
+        if errors:
+            raise ConfigError("static (CUDA-graph) decode is not available: " + "; ".join(errors))
+        length = self.get_seq_length()
+        if capacity <= length:
+            raise ConfigError(f"static decode capacity {capacity} must exceed the cached length {length}")
+        device = self.layers[0]._k.device
+        self.static_position = torch.zeros(1, dtype=torch.long, device=device)
+        self.static_length = torch.ones(1, dtype=torch.long, device=device)
+        self.static_attended = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
+        self.static_coverage = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
+        # per layer and diagnostic name of its selector: (sum, count) of Selection.diagnostics, when measured
+        self.static_diagnostics = [torch.zeros(len(layer.selector.diagnostic_names), 2, dtype=torch.float64,
+                                               device=device) for layer in self.layers]
+        self.static_steps = 0
+        for layer in self.layers:
+            layer._grow(capacity, exact=True)
+            layer.static_position = self.static_position
+            layer.selector.start_static(layer._k.shape[2])
+        self.capacity = self.layers[0]._k.shape[2]
+        self.phase = "decode_static"
+
+    def static_counters(self) -> list[Tensor]:
+        """The device tensors a static step accumulates into (attended tokens, coverage, diagnostics per layer)."""
+        return [self.static_attended, self.static_coverage, *self.static_diagnostics]
+
+    def add_static_diagnostics(self, layer_idx: int, values: dict[str, tuple[Tensor, Tensor]]) -> None:
+        """Inside a static step: add the step's diagnostics {name: (sum, count)} to the layer's device counters."""
+        names = self.layers[layer_idx].selector.diagnostic_names
+        if set(values) != set(names):
+            raise ValueError(f"diagnostics {sorted(values)} differ from the selector's diagnostic_names {names}")
+        step = torch.stack([torch.stack([values[n][0], values[n][1]]) for n in names]).to(torch.float64)
+        self.static_diagnostics[layer_idx].add_(step)
+
+    @contextlib.contextmanager
+    def static_counters_kept(self):
+        """Runs of a static step inside this block (warm-ups, a capture, timing replays) leave the counters as they
+        were: a step at a fixed position is otherwise idempotent."""
+        saved = [t.clone() for t in self.static_counters()]
+        try:
+            yield
+        finally:
+            for t, value in zip(self.static_counters(), saved):
+                t.copy_(value)
+
+    def set_static_position(self, position: int) -> None:
+        """Before a static step: the new token goes to slot `position`, so `position + 1` tokens are valid."""
+        if position >= self.capacity:
+            raise ConfigError(f"static decode ran out of preallocated cache ({self.capacity} tokens)")
+        self.static_position.fill_(position)
+        self.static_length.fill_(position + 1)
+
+    def finish_static_step(self) -> None:
+        """After a static step (outside the graph): advance the host-side lengths, let each selector do its host
+        upkeep (e.g. summarize a page the step completed) and account the step."""
+        self.static_steps += 1
+        for layer in self.layers:
+            layer.length += 1
+        L = self.layers[0].length
+        by_method: dict[type, list[SelectorLayer]] = {}
+        for layer in self.layers:
+            by_method.setdefault(type(layer.selector), []).append(layer)
+        for method, layers in by_method.items():
+            method.after_static_steps([la.selector for la in layers], [la._k for la in layers],
+                                      [la._v for la in layers], L)
+        for layer, info in zip(self.layers, self.infos):
+            forced, metadata, attended = layer.selector.static_step_cost(L)
+            attended = attended or 0.0  # None: counted on the device, folded in by finish_static
+            self.stats.add(StepStats(attended_tokens=attended, forced_tokens=forced, metadata_bytes=metadata,
+                                     kv_bytes=attended * info.token_kv_bytes, h2d_bytes=0.0,
+                                     full_bytes=L * info.token_kv_bytes), L, None)
+
+    def finish_static(self) -> None:
+        """After the last static step: fold the attended tokens counted on the device into the stats (one read)."""
+        info = self.infos[0]
+        tokens = float(self.static_attended.sum())
+        self.stats.add_attended(tokens, tokens * info.token_kv_bytes)
+        if self.measure_coverage and self.static_steps:
+            batch = self.layers[0]._k.shape[0]
+            self.stats.coverage_sum += float(self.static_coverage.sum())
+            self.stats.coverage_count += self.static_steps * len(self.layers) * batch * info.num_heads
+            for layer, counters in zip(self.layers, self.static_diagnostics):
+                values = counters.tolist()
+                self.stats.add_diagnostics({name: values[i] for i, name in enumerate(layer.selector.diagnostic_names)
+                                            if values[i][1] > 0})
+        for counter in self.static_counters():
+            counter.zero_()
+        self.static_steps = 0
+
+    def selector(self, layer_idx: int) -> Selector:
+        return self.layers[layer_idx].selector
+
+    def extra_metrics(self) -> dict:
+        """Each selector's `extra_metrics()` averaged over the layers that report it."""
+        sums: dict[str, list[float]] = {}
+        for layer in self.layers:
+            for name, value in layer.selector.extra_metrics().items():
+                if value is not None:
+                    sums.setdefault(name, []).append(float(value))
+        return {name: sum(v) / len(v) for name, v in sums.items()}
+
+    def _rope_terms(self, keys: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """(k, rot(k), cos, sin, passed-through channels) in fp32 for keys [B, Hkv, n, d] at positions [B, n], with
+        the layer's own rotary embedding, in the model's layout (ROPE_LAYOUTS)."""
+        layout = ROPE_LAYOUTS.get(self.model_type)
+        if layout is None:
+            raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the RoPE layouts of "
+                              f"{sorted(ROPE_LAYOUTS)}; model_type {self.model_type!r} is not among them")
+        cos, sin = self.rotary_emb(keys, position_ids=positions)
+        cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+        k = keys.float()
+        if layout == "interleaved":
+            cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+            sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+            k, rest = k[..., : cos.shape[-1]], k[..., cos.shape[-1] :]
+            rotated = torch.stack((-k[..., 1::2], k[..., 0::2]), dim=-1).flatten(-2)
+            return k, rotated, cos, sin, rest
+        half = k.shape[-1] // 2
+        return k, torch.cat((-k[..., half:], k[..., :half]), dim=-1), cos, sin, k[..., :0]
+
+    def rotate(self, keys: Tensor, positions: Tensor) -> Tensor:
+        """Post-RoPE keys from pre-RoPE keys: k' = k*cos + rot(k)*sin on the rotary channels."""
+        k, rotated, cos, sin, rest = self._rope_terms(keys, positions)
+        return torch.cat([k * cos + rotated * sin, rest], dim=-1).to(keys.dtype)
+
+    def unrotate(self, keys: Tensor, positions: Tensor) -> Tensor:
+        """Pre-RoPE keys from post-RoPE keys by the inverse rotation with the layer's own cos/sin.
+
+        RoPE: k' = k*cos + rot(k)*sin with rot a quarter turn of each rotated channel pair and cos, sin possibly
+        scaled by an attention factor m (cos = m cos(theta), sin = m sin(theta)). Rotating back by -theta gives
+        k'*cos - rot(k')*sin = m^2 k, and m^2 = cos^2 + sin^2 elementwise, hence the division.
+        """
+        k, rotated, cos, sin, rest = self._rope_terms(keys, positions)
+        return torch.cat([(k * cos - rotated * sin) / (cos * cos + sin * sin), rest], dim=-1).to(keys.dtype)

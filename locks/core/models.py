@@ -1,0 +1,88 @@
+"""Model loading for the three kinds of `conf/model/*.yaml`: the embedded GGUF model, random-weight configs, and
+user-provided checkpoints (local path or hub id, never downloaded when offline).
+
+Every model is loaded with `attn_implementation="sparse_kv"`: our registered attention function, which runs the
+configured selector. Device: CUDA in bf16 when available, else CPU in fp32.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from locks.core.attention import register_attention
+from locks.core.embedded_model import smollm2_gguf_path
+from locks.errors import ConfigError
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    max_context: int
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: list[int]
+
+
+def default_device_dtype() -> tuple[torch.device, torch.dtype]:
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+def _embedded_tokenizer():
+    path = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id if model.generation_config is not None else None
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def load_model(cfg) -> LoadedModel:
+    """cfg: the `model` config group (source: gguf_package | random | pretrained)."""
+    attn = register_attention()
+    device, dtype = default_device_dtype()
+    if cfg.source == "gguf_package":
+        path = smollm2_gguf_path()
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                     attn_implementation=attn)
+    elif cfg.source == "random":
+        torch.manual_seed(cfg.seed)
+        config = LlamaConfig(**cfg.config, attn_implementation=attn)
+        model = LlamaForCausalLM(config).to(dtype)
+        tokenizer = _embedded_tokenizer()
+        if config.vocab_size < len(tokenizer):
+            raise ConfigError(f"model.config.vocab_size must be >= the tokenizer's {len(tokenizer)} tokens")
+    elif cfg.source == "pretrained":
+        path = os.path.expanduser(str(cfg.path))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+        except (OSError, ValueError) as err:
+            raise ConfigError(
+                f"model {cfg.name!r} could not be loaded from {path!r} ({type(err).__name__}); download it on a "
+                f"machine with internet (`huggingface-cli download {cfg.hub_id}`) and pass its local folder with "
+                f"model.path=/path/to/checkpoint (or set {cfg.path_env})"
+            ) from None
+    else:
+        raise ConfigError(f"model.source must be gguf_package, random or pretrained (got {cfg.source!r})")
+    model.to(device).eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=cfg.name,
+        max_context=int(model.config.max_position_embeddings),
+        device=device,
+        dtype=dtype,
+        eos_token_ids=_eos_ids(model, tokenizer),
+    )

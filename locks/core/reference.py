@@ -1,0 +1,91 @@
+"""The PyTorch reference decode: exact attention of one query token over a selected token list, and the token
+counts of a selection. The fused Triton kernels (locks/kernels/decode.py) are tested against it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from locks.core.paging import pages_to_tokens
+from locks.core.selector import Selection
+
+
+def gather_tokens(x: Tensor, indices: Tensor) -> Tensor:
+    """x [B, Hkv, L, d], indices [B, Hkv, Gs, K] -> [B, Hkv, Gs, K, d] (no copy of x per query head)."""
+    B, H, Gs, K = indices.shape
+    d = x.shape[-1]
+    flat = indices.reshape(B, H, Gs * K, 1).expand(B, H, Gs * K, d)
+    return torch.gather(x, 2, flat).view(B, H, Gs, K, d)
+
+
+def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: float) -> tuple[Tensor, Tensor]:
+    """Exact attention of one query token over the selected tokens.
+
+    query [B, Hq, d]; keys/values [B, Hkv, L, d]; returns (out [B, Hq, d] in query dtype, lse [B, Hq] fp32) with
+    lse_g = logsumexp_{i in T_g} scaling * q_g . k_i.
+    """
+    B, Hq, d = query.shape
+    Hkv = keys.shape[1]
+    G = Hq // Hkv
+    idx = sel.indices.clamp(0, keys.shape[2] - 1)
+    Gs = idx.shape[2]
+    k = sel.keys if sel.keys is not None else gather_tokens(keys, idx)
+    v = sel.values if sel.values is not None else gather_tokens(values, idx)
+    q = query.view(B, Hkv, G, d).float()
+    if Gs == 1:
+        logits = torch.einsum("bhgd,bhkd->bhgk", q, k[:, :, 0].float())
+    else:
+        logits = torch.einsum("bhgd,bhgkd->bhgk", q, k.float())
+    logits = (logits * scaling).masked_fill(~sel.valid, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    p = torch.exp(logits - lse.unsqueeze(-1))
+    if Gs == 1:
+        out = torch.einsum("bhgk,bhkd->bhgd", p, v[:, :, 0].float())
+    else:
+        out = torch.einsum("bhgk,bhgkd->bhgd", p, v.float())
+    return out.reshape(B, Hq, d).to(query.dtype), lse.reshape(B, Hq)
+
+
+def dense_lse(query: Tensor, keys: Tensor, scaling: float, alive: Tensor | None = None) -> Tensor:
+    """logsumexp over all (alive) cached tokens per query head: [B, Hq]."""
+    B, Hq, d = query.shape
+    Hkv = keys.shape[1]
+    logits = torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, Hq // Hkv, d).float(), keys.float()) * scaling
+    if alive is not None:
+        logits = logits.masked_fill(~alive[:, :, None, :], float("-inf"))
+    return torch.logsumexp(logits, dim=-1).reshape(B, Hq)
+
+
+def attended_per_kv_head(sel: Selection, length: int) -> Tensor:
+    """Distinct tokens whose K/V are read, per (batch, KV head): the union over the group when Gs > 1."""
+    if sel.indices.shape[2] == 1:
+        return sel.valid[:, :, 0].sum(-1).float()
+    B, H, Gs, K = sel.indices.shape
+    # amax, not a plain scatter: an index may appear both valid and as masked padding (token 0), in any order
+    read = torch.zeros(B, H, length, dtype=torch.int32, device=sel.indices.device)
+    read.scatter_reduce_(2, sel.indices.clamp(0, length - 1).reshape(B, H, Gs * K),
+                         sel.valid.reshape(B, H, Gs * K).to(torch.int32), reduce="amax")
+    return read.sum(-1).float()
+
+
+def paged_tokens(sel: Selection, length: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+    """A paged Selection as token indices [B, Hkv, Gs, Kp * n] (clamped to the cache) and their validity: the page
+    is valid and the token is below the device length."""
+    tokens = pages_to_tokens(sel.pages.long(), sel.page_size)
+    valid = tokens < length
+    if sel.page_valid is not None:
+        valid = valid & sel.page_valid.repeat_interleave(sel.page_size, dim=-1)
+    return tokens.clamp(0, capacity - 1), valid
+
+
+def paged_attended(sel: Selection, length: Tensor, capacity: int) -> Tensor:
+    """Distinct tokens read per (batch, KV head) by a paged Selection (union over the group), at page granularity:
+    sum over the pages read of min(n, max(0, L - j n))."""
+    n = sel.page_size
+    B, H = sel.pages.shape[:2]
+    P = capacity // n + 1  # every page id a selection can name, the one just past a full cache included
+    read = torch.zeros(B, H, P, dtype=torch.int32, device=sel.pages.device)
+    valid = torch.ones_like(sel.pages, dtype=torch.int32) if sel.page_valid is None else sel.page_valid.to(torch.int32)
+    read.scatter_reduce_(2, sel.pages.long().clamp(0, P - 1).reshape(B, H, -1), valid.reshape(B, H, -1), reduce="amax")
+    page_tokens = (length - torch.arange(P, device=read.device) * n).clamp(0, n)
+    return (read * page_tokens).sum(-1).float()

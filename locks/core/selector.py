@@ -1,0 +1,232 @@
+"""The one selector interface every method implements, and the registry that builds methods by name.
+
+A selector owns the per-layer state of one method (page summaries, low-rank factors, min/max metadata, ...) at
+KV-head granularity. The attention function (`locks/core/attention.py`) drives it with three hooks and never branches on
+the method:
+
+    prefill(ctx)            once per layer after the dense prefill: post-RoPE K/V, all prompt queries, positions,
+                            and `ctx.pre_rope_keys()`; may build state or permanently evict tokens (`Selector.alive`)
+    append(keys, values)    once per decode step, after the cache grew by the new token(s)
+    select(query, ...)      once per decode step: returns a `Selection` of token indices per (batch, KV head[, q head])
+
+Static decode (a decode step captured once as a CUDA graph and replayed, `locks/core/static_decode.py`) drives a selector
+through a second set of hooks over a cache preallocated for the whole generation: `start_static(capacity)` once
+after the prefill, then per step `select_static(query, keys, values, length)` inside the graph (fixed shapes, the
+valid length only as a device tensor, no host reads), and `after_static_step(keys, values, length)` outside it
+(Python-side upkeep such as building a completed page's summary) with `static_step_cost(length)` for the
+accounting. A selector that does not implement them says why in `static_decode_error()`.
+
+Budget convention (`docs/budgets.md`): `budget` = tokens whose exact K/V enter the softmax, forced tokens included,
+unless a method's `budget_mode == "paper"` says otherwise; the forced (always-attended) tokens are reported
+separately in `Selection.forced_tokens`, and metadata traffic in `Selection.metadata_bytes`.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+from locks.errors import ConfigError
+
+
+@dataclass
+class LayerInfo:
+    """Static facts of one attention layer."""
+
+    layer_idx: int
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+    kv_element_bytes: int = 2  # bytes per cached K/V element assumed by the bytes model (bf16 on GPU)
+    backend: str = "torch"  # "torch" (reference) or "triton" (fused kernels in locks/kernels/), resolved per device
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def token_kv_bytes(self) -> float:
+        """Bytes of one cached token's K and V over all KV heads: 2 * d * s * H_kv."""
+        return 2.0 * self.head_dim * self.kv_element_bytes * self.num_kv_heads
+
+
+@dataclass
+class PrefillContext:
+    """What a selector sees once per layer after the (dense) prefill."""
+
+    keys: Tensor  # [B, Hkv, L, d] post-RoPE cached keys
+    values: Tensor  # [B, Hkv, L, d]
+    queries: Tensor  # [B, Hq, L, d] post-RoPE queries of the whole prompt (take the last window if needed)
+    positions: Tensor  # [B, L] RoPE positions of the cached tokens
+    pre_rope_keys: Callable[[], Tensor]  # -> [B, Hkv, L, d] keys before the rotation (inverted exactly, see cache.py)
+    max_new_tokens: int | None = None  # the generation's token limit for this sample (RocketKV sizes its stages by it)
+    max_length: int | None = None  # the model's maximum context (max_position_embeddings)
+    rotate: Callable[[Tensor, Tensor], Tensor] | None = None  # (pre-RoPE keys [B, Hkv, n, d], positions [B, n]) -> post-RoPE
+
+
+@dataclass
+class Selection:
+    """Tokens to attend at one decode step, one layer.
+
+    `indices` is [B, Hkv, Gs, K] (int64) with Gs = 1 (the whole GQA group shares the set) or Gs = G (each query head
+    has its own set); K is fixed for a step, invalid tail entries are masked by `valid` (same shape, bool).
+    `dense=True` means: attend every cached token (FullKV, or a selector whose budget covers the context).
+    `keys` optionally overrides the gathered keys ([B, Hkv, Gs, K, d]) for methods that attend reconstructed keys;
+    `values` likewise overrides the gathered values (methods that serve values from their own offloaded store).
+    Static decode only (`select_static`): the tokens may instead be named by page, `pages` [B, Hkv, Gs, Kp] page ids
+    with `page_valid` (bool, same shape, or None = all valid) and `page_size`; page j covers tokens
+    [j * page_size, (j + 1) * page_size), and tokens at or past the valid length are masked. `attended_on_host`: the
+    selector's `static_step_cost` counts the attended tokens, so the step does not count them on the device.
+    """
+
+    indices: Tensor | None = None
+    valid: Tensor | None = None
+    dense: bool = False
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    forced_tokens: float = 0.0  # always-attended extras among the attended tokens (mean per KV head)
+    metadata_bytes: float = 0.0  # summary/metadata bytes read this step, summed over KV heads (batch mean)
+    kv_bytes: float | None = None  # exact K/V bytes read, summed over KV heads; None -> computed from the indices
+    h2d_bytes: float = 0.0  # host-to-device bytes moved this step (offloading methods)
+    # Optional per-step diagnostics of the method: lse_sel [B, Hq] (the attended set's exact log-sum-exp per query
+    # head) -> {name: (sum, count)} as 0-dim tensors, for the names in the selector's `diagnostic_names`; the cache
+    # sums them by name (eager and static alike) and metrics.json reports sum / count (docs/architecture.md).
+    diagnostics: Callable[[Tensor], dict[str, tuple[Tensor, Tensor]]] | None = None
+    pages: Tensor | None = None
+    page_valid: Tensor | None = None
+    page_size: int = 0
+    attended_on_host: bool = False
+
+    @staticmethod
+    def all_tokens() -> "Selection":
+        return Selection(dense=True, attended_on_host=True)
+
+
+@dataclass
+class StepStats:
+    """Accounting of one decode step in one layer (all KV heads; batch mean)."""
+
+    attended_tokens: float  # tokens whose exact K/V enter the softmax, mean per KV head (union over the group)
+    forced_tokens: float
+    metadata_bytes: float
+    kv_bytes: float
+    h2d_bytes: float
+    full_bytes: float  # what FullKV reads for the same step: 2 * L * d * s per KV head
+
+    @property
+    def bytes_read(self) -> float:
+        return self.metadata_bytes + self.kv_bytes
+
+
+class Selector(ABC):
+    """Base class of every method. One instance per layer."""
+
+    name: ClassVar[str]
+    uses_budget: ClassVar[bool] = True  # False: the budget changes nothing (FullKV), so one run serves every budget
+    display_name: ClassVar[str] = ""  # how tables and figures name the method (default: name)
+    plot_style: ClassVar[dict] = {}  # matplotlib keyword arguments of its line in figures (marker, linestyle, ...)
+    report_order: ClassVar[int] = 100  # rank of its rows in tables and legends
+    diagnostic_names: ClassVar[tuple[str, ...]] = ()  # the names its Selection.diagnostics report
+
+    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair"):
+        if budget is None or budget <= 0:
+            raise ConfigError(f"budget must be a positive number of tokens (got {budget})")
+        if budget_mode not in ("fair", "paper"):
+            raise ConfigError(f"method.budget_mode must be 'fair' or 'paper' (got {budget_mode!r})")
+        self.info = info
+        self.budget = int(budget)
+        self.budget_mode = budget_mode
+        # Tokens permanently evicted at prefill are False here (None = nothing evicted). [B, Hkv, L]
+        self.alive: Tensor | None = None
+
+    def prefill(self, ctx: PrefillContext) -> None:
+        """Build per-layer state from the prompt. Default: nothing."""
+
+    def append(self, keys: Tensor, values: Tensor) -> None:
+        """The cache grew; `keys`/`values` are the whole cached [B, Hkv, L, d]. Default: nothing."""
+
+    @abstractmethod
+    def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
+        """query [B, Hq, d] (post-RoPE, the current token); keys/values the whole cache [B, Hkv, L, d]."""
+
+    def alive_mask(self, length: int) -> Tensor | None:
+        """[B, Hkv, length] bool: tokens not evicted (tokens appended after the prefill are alive)."""
+        if self.alive is None:
+            return None
+        extra = length - self.alive.shape[-1]
+        if extra <= 0:
+            return self.alive[..., :length]
+        return torch.cat([self.alive, self.alive.new_ones(*self.alive.shape[:-1], extra)], dim=-1)
+
+    def extra_metrics(self) -> dict:
+        """Method-specific numbers of this layer for the current sample (hit rates, ...): name -> float.
+        Averaged over layers per sample, then over samples, into metrics.json["method_metrics"]."""
+        return {}
+
+    # ----- static decode (CUDA-graph capturable) ------------------------------------------------------------------
+
+    def static_decode_error(self) -> str | None:
+        """None if this selector implements the static-decode hooks below in its current configuration, else why not."""
+        return f"method {self.name!r} has no static (CUDA-graph) decode path"
+
+    def start_static(self, capacity: int) -> None:
+        """After the prefill: preallocate whatever state grows with the context for `capacity` cached tokens."""
+
+    def select_static(self, query: Tensor, keys: Tensor, values: Tensor, length: Tensor) -> Selection:
+        """Inside the captured step: keys/values are the preallocated cache [B, Hkv, capacity, d] whose first
+        `length` ([1] int64 on the device, the new token included) slots are valid. The result must have the same
+        shapes at every step and the code may not read device values on the host (no .item(), no bool(tensor))."""
+        raise NotImplementedError(self.static_decode_error())
+
+    def after_static_step(self, keys: Tensor, values: Tensor, length: int) -> None:
+        """Outside the graph, after each step: the cache now holds `length` tokens."""
+
+    @classmethod
+    def after_static_steps(cls, selectors: list["Selector"], keys: list[Tensor], values: list[Tensor],
+                           length: int) -> None:
+        """`after_static_step` of every layer using this method at once (a method may batch the work over layers).
+        Default: one call per layer."""
+        for selector, k, v in zip(selectors, keys, values):
+            selector.after_static_step(k, v, length)
+
+    def static_step_cost(self, length: int) -> tuple[float, float, float | None]:
+        """(forced tokens per KV head, metadata bytes over KV heads, attended tokens per KV head) of the step that
+        attended at `length` tokens, computed on the host; attended is None exactly when the step's Selection has
+        attended_on_host=False (then it is counted on the device). Default: a dense step, (0, 0, length)."""
+        return 0.0, 0.0, float(length)
+
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+def resolve_backend(requested: str, device) -> str:
+    """method.backend -> "triton" or "torch" for a model on `device` (Triton on CPU only under TRITON_INTERPRET=1)."""
+    import importlib.util
+    import os
+
+    if requested not in BACKENDS:
+        raise ConfigError(f"method.backend must be one of {BACKENDS} (got {requested!r})")
+    on_cuda = torch.device(device).type == "cuda"
+    have_triton = importlib.util.find_spec("triton") is not None
+    if requested == "auto":
+        return "triton" if on_cuda and have_triton else "torch"
+    if requested == "triton":
+        if not have_triton:
+            raise ConfigError("method.backend=triton needs the triton package (pip install '.[gpu]')")
+        if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError("method.backend=triton needs a CUDA device (or TRITON_INTERPRET=1 for the CPU interpreter)")
+    return requested
+
+
+def check_finite(name: str, x: Tensor) -> None:
+    if not torch.isfinite(x).all():
+        raise ConfigError(f"{name} contain NaN or inf; the model or its weights are broken (check model.dtype)")
+
+
+def log2_is_int(n: int) -> bool:
+    return n > 0 and (1 << int(math.log2(n))) == n

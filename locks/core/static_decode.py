@@ -1,0 +1,69 @@
+"""The decode step as a CUDA graph: captured once per sample over a preallocated SelectorCache, replayed per token.
+
+An eager transformers step re-runs Python for every layer and launches hundreds of small kernels, which at batch 1
+hides any attention saving (gpt-fast's lesson). After the prefill the cache is preallocated for the whole generation
+(`SelectorCache.start_static`); the step reads its token, position and valid length from fixed device buffers and
+every selector's `select_static` has fixed shapes, so one capture serves every later step. Host-side upkeep (page
+summaries, accounting) runs between replays in `SelectorCache.finish_static_step`. Off CUDA the same static step runs
+eagerly, so everything but the capture itself is exercised by the CPU tests. Bytes, attended and forced tokens,
+coverage and LOCKS's per-step certificate (A5.5) are accounted as in eager decoding; Quest's union-ratio metric is
+only computed by eager steps.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from locks.core.cache import SelectorCache
+
+
+class StaticDecodeStep:
+    """step(token [B], position) -> logits [B, vocab] of the next token; the cache grows by one token per call."""
+
+    def __init__(self, model, cache: SelectorCache, batch: int, capacity: int, cuda_graph: bool = True):
+        cache.start_static(capacity)
+        device = cache.static_position.device
+        self.model, self.cache = model, cache
+        self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.cuda_graph = cuda_graph and device.type == "cuda"
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: Tensor | None = None
+
+    @property
+    def mode(self) -> str:
+        return "cuda_graph" if self.cuda_graph else "static"
+
+    def forward(self) -> Tensor:
+        """The step itself (what the graph captures): model forward over the static buffers."""
+        return self.model(input_ids=self.input_ids, position_ids=self.position_ids, cache=self.cache,
+                          sparse_cache=self.cache, use_cache=True).logits[:, -1]
+
+    def __call__(self, token: Tensor, position: int) -> Tensor:
+        self.input_ids.copy_(token.view(-1, 1))
+        self.position_ids.fill_(position)
+        self.cache.set_static_position(position)
+        if self.cuda_graph:
+            if self.graph is None:
+                self._capture()
+            self.graph.replay()
+            logits = self.logits
+        else:
+            logits = self.forward()
+        self.cache.finish_static_step()
+        return logits
+
+    def _capture(self) -> None:
+        # Warm-up on a side stream (Triton compiles, cuBLAS allocates its workspace), then capture. A step at a fixed
+        # position rewrites the same cache slot and metadata, so repeating it leaves the state of one step; only the
+        # device-side counters accumulate, and they are restored.
+        with self.cache.static_counters_kept():
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self.forward()
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self.forward()

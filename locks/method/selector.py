@@ -1,0 +1,126 @@
+"""LOCKS: per-page local low-rank key summaries scored by log-sum-exp (`docs/methods/locks.md`).
+
+Every complete page of `page_size` post-RoPE keys per KV head gets (mu, V, C) from a rank-`rank` SVD of the centered
+keys, quantized to the 804 B/page layout (`quant=int`) or kept in fp32 (`quant=none`). The page score of query head g
+is S_{g,j} = logsumexp_i s (q_g . mu_j + (V_j^T q_g) . c_i); `PageSelector` aggregates over the group, adds the
+forced set and takes the top pages. Summaries are built in one batch at prefill and one page at a time during
+decode, when a page's last token arrives (A2); the partial page is attended densely until then.
+"""
+import torch
+
+from locks.core.paging import PageSelector
+from locks.core.registry import register
+from locks.errors import ConfigError
+from locks.method.summaries import (
+    build_summaries,
+    concat_summaries,
+    page_scores,
+    preallocate_summaries,
+    score_bound,
+    summary_bytes_per_page,
+    write_summaries,
+)
+
+
+@register
+class LocksSelector(PageSelector):
+    name = "locks"
+    display_name = "LOCKS"
+    report_order = 2
+
+    def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=64, sink_pages=1,
+                 aggregation="norm", quant="int"):
+        super().__init__(info, budget, budget_mode, page_size, recent_window, sink_pages, aggregation)
+        if not 0 <= rank < page_size:
+            raise ConfigError(f"method.rank must satisfy 0 <= rank < method.page_size={page_size} (got {rank})")
+        if quant not in ("int", "none"):
+            raise ConfigError(f"method.quant must be 'int' or 'none' (got {quant!r})")
+        self.rank = rank
+        self.quant = quant
+        self.summaries = None
+        self.pages_built = 0
+
+    def use_summaries(self, summaries) -> None:
+        """Score these summaries of complete pages instead of building them at prefill (the GPU benchmarks give
+        summaries in the exact quantized layout with random values: timing does not depend on the values)."""
+        self.summaries = summaries
+        self.pages_built = summaries.num_pages
+
+    def prefill(self, ctx):
+        n = self.page_size
+        self.pages_built = ctx.keys.shape[2] // n
+        self.summaries = build_summaries(ctx.keys[:, :, : self.pages_built * n], n, self.rank, self.quant)
+
+    def append(self, keys, values):
+        n = self.page_size
+        pages = keys.shape[2] // n
+        if pages > self.pages_built:
+            new = build_summaries(keys[:, :, self.pages_built * n : pages * n], n, self.rank, self.quant,
+                                  head_mean=self.summaries.head_mean)
+            self.summaries = concat_summaries(self.summaries, new)
+            self.pages_built = pages
+
+    def start_static(self, capacity):
+        super().start_static(capacity)
+        self.summaries = preallocate_summaries(self.summaries, self.static_pages)
+
+    def after_static_step(self, keys, values, length):
+        self.after_static_steps([self], [keys], [values], length)
+
+    @classmethod
+    def after_static_steps(cls, selectors, keys, values, length):
+        # Pages complete on the host's schedule: a step that fills page j summarizes it here, after the step; j is a
+        # recent (forced) page at the next steps, so no step scores a page before its summary exists. All layers'
+        # new pages go through one build call, stacked on the head axis (pages are summarized independently).
+        todo = [(s, k) for s, k in zip(selectors, keys) if length // s.page_size > s.pages_built]
+        groups: dict[tuple, list] = {}
+        for s, k in todo:
+            groups.setdefault((s.page_size, s.rank, s.quant, s.pages_built), []).append((s, k))
+        for (n, rank, quant, built), members in groups.items():
+            pages = length // n
+            new = build_summaries(torch.cat([k[:, :, built * n : pages * n] for _, k in members], dim=1), n, rank,
+                                  quant, head_mean=torch.cat([s.summaries.head_mean for s, _ in members], dim=1))
+            h = 0
+            for s, k in members:
+                write_summaries(s.summaries, new, built, heads=slice(h, h + k.shape[1]))
+                h += k.shape[1]
+                s.pages_built = pages
+
+    def static_candidate_scores(self, query, keys, length):
+        if self.info.backend != "triton" or self.quant != "int":
+            return super().static_candidate_scores(query, keys, length)
+        from locks.method.kernels import locks_aggregated_scores
+
+        agg, heads, _ = locks_aggregated_scores(query, self.summaries.kernel_tensors(), self.info.scaling,
+                                                self.info.group_size, mode=self.aggregation, lo=self.sink_pages,
+                                                hi=self.recent_pages, length=length, return_heads=True)
+        return agg, heads
+
+    def scored_pages(self, query, keys, num_pages, forced, forced_log_mass):
+        # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the
+        # candidate range [lo, hi): LOCKS's forced pages are a prefix (sink) and a suffix (recent pages), so lo and
+        # hi are found by walking the (few) forced pages, never the page list (this runs every step in every layer).
+        if self.info.backend != "triton" or self.quant != "int" or forced_log_mass is not None:
+            return super().scored_pages(query, keys, num_pages, forced, forced_log_mass)
+        bounds = self.candidate_range(num_pages, forced)
+        if bounds is None:  # a forced page inside the candidates: not a range
+            return super().scored_pages(query, keys, num_pages, forced, forced_log_mass)
+        lo, hi = bounds
+        from locks.method.kernels import locks_aggregated_scores
+
+        agg, scores, _ = locks_aggregated_scores(query, self.summaries.kernel_tensors(), self.info.scaling,
+                                                 self.info.group_size, mode=self.aggregation, lo=lo, hi=hi,
+                                                 return_heads=True)
+        return scores[..., :num_pages], agg[..., :num_pages]
+
+    def page_scores(self, query, keys, num_pages):
+        return page_scores(query, self.summaries, self.info.scaling)[..., :num_pages]
+
+    def score_bounds(self, query, num_pages):
+        return score_bound(query, self.summaries, self.info.scaling)[..., :num_pages]
+
+    def scoring_bytes(self, num_candidates):
+        # A7: summaries of the candidate pages + the G queries + the aggregated score written and re-read (fp32).
+        info = self.info
+        return (summary_bytes_per_page(self.summaries) * num_candidates
+                + info.group_size * info.head_dim * info.kv_element_bytes + num_candidates * 4 * 2)

@@ -1,0 +1,114 @@
+"""Every Triton kernel configuration compiles for Hopper with CI's triton and with the H200 image's triton 3.6
+(scripts/compile_kernels.py, docs/kernels.md), plus the pieces it is built from: the launch recorder, the
+occupancy formula and the one-wave split count of the decode kernels."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TRITON36 = Path(os.environ.get("LOCKS_TRITON36", ROOT / ".venv" / "triton-3.6"))
+
+
+def _compile(tmp_path, pythonpath=None):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # conftest sets it for the other tests
+    if pythonpath:
+        env["PYTHONPATH"] = str(pythonpath) + os.pathsep + env.get("PYTHONPATH", "")
+    out, md = tmp_path / "k.json", tmp_path / "k.md"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/compile_kernels.py"), "--arch", "90", "--quiet",
+                        "--out", str(out), "--md", str(md)], env=env, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, f"compile_kernels failed (rc {r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-3000:]}"
+    (run,) = json.loads(out.read_text())["runs"].values()
+    return run, md.read_text()
+
+
+def _check_run(run, version_prefix):
+    assert run["triton"].startswith(version_prefix) and run["arch"] == 90 and not run["partial"]
+    assert not run["kernels_not_launched"], run["kernels_not_launched"]
+    rows = run["configurations"]
+    assert {r["kernel"] for r in rows} == set(run["kernels"]) and len(run["kernels"]) == 8
+    assert all(r["status"] == "compiled" and not r["violations"] for r in rows)
+    # the constexpr branches the harness takes are all there
+    cx = {}
+    for r in rows:
+        for k, v in r["constexprs"].items():
+            cx.setdefault((r["kernel"], k), set()).add(v)
+    assert cx["_decode_split_kernel", "MODE"] == {0, 1, 2}
+    assert cx["_decode_split_kernel", "HAS_VALID"] == cx["_decode_split_kernel", "LENGTH_PTR"] == {False, True}
+    assert cx["_locks_score_kernel", "AGG"] == {0, 1, 2, 3} and cx["_locks_score_kernel", "BOUNDS"] == {0, 2}
+    assert cx["_quest_score_kernel", "REDUCE"] == {0, 1, 2} and cx["_aggregate_kernel", "MODE"] == {2, 3}
+    # at the GPU benchmark's shapes (bf16): no spills, and the split-K decodes run in one wave
+    bench_keys = {(b["kernel"], b["site"]) for b in run["benchmark_launches"]}
+    assert ("_locks_score_kernel", "bench_decode locks_score") in bench_keys
+    for b in run["benchmark_launches"]:
+        if b["kernel"] == "_decode_split_kernel":
+            assert b["waves"] == 1, b
+    bf16 = [r for r in rows if "bf16" in json.dumps(r["signature"])]
+    assert bf16 and all((r.get("spill_stores") or 0) == 0 for r in bf16)
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_sm90_with_ci_triton(tmp_path):
+    import triton
+
+    run, md = _compile(tmp_path)
+    _check_run(run, triton.__version__)
+    assert "| _locks_score_kernel |" in md and "At the GPU benchmark's shapes" in md
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_sm90_with_triton_3_6(tmp_path):
+    if not (TRITON36 / "triton" / "__init__.py").exists():
+        pytest.fail(f"triton 3.6.0 (the H200 image's) is not installed in {TRITON36}: run `make install`, or "
+                    f"pip install --no-deps --target {TRITON36} triton==3.6.0")
+    run, _ = _compile(tmp_path, TRITON36)
+    _check_run(run, "3.6.")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the pieces
+
+
+def test_blocks_per_sm_formula():
+    from locks.kernels._common import blocks_per_sm
+
+    # 145 registers, 4 warps: ceil(145 * 32 / 256) * 256 = 4864 registers per warp -> 13 warps -> 3 blocks
+    assert blocks_per_sm(145, 4, 41472) == (3, "registers")
+    # 73,728 B of shared memory: 233,472 // 74,752 = 3 blocks
+    assert blocks_per_sm(106, 4, 73728) == (3, "shared memory")
+    assert blocks_per_sm(16, 1, 0) == (32, "blocks")
+    assert blocks_per_sm(16, 32, 0) == (2, "threads")
+    assert blocks_per_sm(200, 4, 300 * 1024)[0] == 0  # does not fit
+
+
+def test_recording_launches_records_without_running():
+    from locks import kernels as K
+    from locks.kernels import _common
+
+    q = torch.empty(1, 8, 128, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 2, 1 << 20, 128, dtype=torch.bfloat16, device="meta")
+    with _common.recording_launches(sms=132, resident=lambda kernel, args, meta: 3) as launches:
+        K.full_decode(q, k, k, 0.088)
+    names = [getattr(ln.kernel, "__name__", None) or ln.kernel.fn.__name__ for ln in launches]  # JIT or interpreted
+    assert names == ["_decode_split_kernel", "_combine_kernel"]
+    split = launches[0]
+    assert split.grid == (2, 198) and split.meta["MODE"] == 2 and split.meta["BLOCK_N"] == 64  # 132 SMs x 3 / 2
+    assert split.meta["num_warps"] == 4 and launches[1].meta["BLOCK_S"] == 32
+    assert not _common._RECORDING  # the recorder is gone afterwards
+
+
+def test_decode_splits_fill_one_wave():
+    from locks.kernels.decode import decode_splits
+
+    cpu = torch.device("cpu")  # 4 "SMs" off CUDA
+    for rows in (1, 2, 3, 8, 16, 64):
+        for resident in (1, 3, 4):
+            ns, tps = decode_splits(rows, 1 << 20, 64, cpu, resident=resident)
+            assert rows * ns <= max(rows, 4 * resident) and tps % 64 == 0 and ns * tps >= 1 << 20
+    assert decode_splits(2, 100, 64, cpu) == (2, 64)  # never more splits than tiles

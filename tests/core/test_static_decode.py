@@ -1,0 +1,247 @@
+"""Static (CUDA-graph capturable) decode: the same tokens and accounting as the eager path, and a step that a graph
+captured at one length replays correctly at any other: the same aten ops and Triton launches with the same shapes
+and scalar arguments at every step, and no device-to-host read inside it.
+
+On CPU the static step runs eagerly (kernels under TRITON_INTERPRET=1) and these tests check the properties capture
+relies on; with CUDA the same tests run on the GPU, where `generate(static_decode=True)` really captures and replays
+a CUDA graph (decode_mode "cuda_graph") and the Triton kernels are compiled.
+"""
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from locks.core.attention import register_attention
+from locks.core.cache import SelectorCache
+from locks.core.generation import generate, use_static_decode
+from locks.core.registry import MethodSpec, discover
+from locks.core.selector import LayerInfo
+from locks.core.static_decode import StaticDecodeStep
+from locks.errors import ConfigError
+from tests.helpers import TINY_LLAMA, default_method_options
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ROOT = Path(__file__).resolve().parents[2]
+STATIC_MODE = "cuda_graph" if DEV.type == "cuda" else "static"
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's log(0) in the Triton interpreter
+
+# head_dim 64, G = 3 (as the embedded model)
+TINY = {**TINY_LLAMA, "hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64,
+        "num_hidden_layers": 3}  # quest keeps its first 2 layers dense
+VARIANTS = [("locks", 128, {"quant": "none", "aggregation": "max"}), ("quest", 128, {"gqa": "group"})]
+
+
+def _static_error(name: str, options: dict) -> str | None:
+    info = LayerInfo(layer_idx=2, num_heads=TINY["num_attention_heads"], num_kv_heads=TINY["num_key_value_heads"],
+                     head_dim=TINY["head_dim"], scaling=TINY["head_dim"] ** -0.5)
+    return MethodSpec(name, 128, options).build(info).static_decode_error()
+
+
+# every registered method in its default configuration that has a static path, and a few variants
+DEFAULTS = [(name, default_method_options(name)) for name in sorted(discover())]
+CASES = [(name, 128, opts) for name, opts in DEFAULTS if _static_error(name, opts) is None] + VARIANTS
+# host reads of device values (.item(), bool(t), data-dependent output shapes): forbidden inside a captured graph
+SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique",
+            "aten.item", "aten.equal")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**TINY, attn_implementation=register_attention())).eval().to(DEV)
+
+
+def prompt(n=301, seed=1):
+    return torch.randint(0, TINY["vocab_size"], (1, n), generator=torch.Generator().manual_seed(seed)).to(DEV)
+
+
+def run(model, method, budget, options, static, backend="torch", n=40):
+    cache = SelectorCache(model, MethodSpec(method, budget, options, backend=backend), measure_coverage=True)
+    out = generate(model, cache, prompt(), n, static_decode=static)
+    return out, cache
+
+
+@pytest.mark.parametrize("method,budget,options", CASES)
+def test_static_decode_matches_eager(tiny, method, budget, options):
+    eager_out, eager = run(tiny, method, budget, options, False)
+    static_out, static = run(tiny, method, budget, options, True)
+    assert static.decode_mode == STATIC_MODE and eager.decode_mode == "eager"
+    assert torch.equal(static_out, eager_out)
+    a, b = eager.stats.summary(), static.stats.summary()
+    for key in ("decode_steps", "bytes_read_per_step", "full_bytes_per_step", "metadata_bytes_per_step",
+                "attended_tokens_per_step", "forced_tokens_per_step", "context_tokens_per_step"):
+        assert b[key] == pytest.approx(a[key], rel=1e-12), key
+    assert (b["coverage"] is None) if a["coverage"] is None else b["coverage"] == pytest.approx(a["coverage"], rel=1e-5)
+    # the method's diagnostics (LOCKS: the per-step coverage certificate) by name, eager = static
+    assert set(a["diagnostics"]) == set(b["diagnostics"]) == set(MethodSpec(method, budget).selector_class()
+                                                                  .diagnostic_names if method == "locks" else ())
+    for name, value in a["diagnostics"].items():
+        assert b["diagnostics"][name] == pytest.approx(value, rel=1e-5), name
+    if method != "fullkv":  # the budget is really selecting here
+        assert a["attended_tokens_per_step"] < a["context_tokens_per_step"] and a["coverage"] < 1
+
+
+@pytest.mark.parametrize("name,options", [(n, o) for n, o in DEFAULTS if _static_error(n, o) is not None])
+def test_methods_without_a_static_path_say_why(tiny, name, options):
+    """A registered method without a static path names itself and why, and generate(static_decode=True) refuses it
+    with that reason as one line (auto falls back to eager decoding)."""
+    reason = _static_error(name, options)
+    assert name in reason and "\n" not in reason
+    cache = SelectorCache(tiny, MethodSpec(name, 128, options))
+    with pytest.raises(ConfigError, match="static"):
+        generate(tiny, cache, prompt(), 2, static_decode=True)
+
+
+@pytest.mark.parametrize("method", ["locks", "quest"])
+def test_static_decode_triton_matches_torch(tiny, method):
+    """The fused kernels in the static step (interpreter on CPU) select and attend as the reference does."""
+    ref, _ = run(tiny, method, 128, {}, True, "torch", n=12)
+    out, cache = run(tiny, method, 128, {}, True, "triton", n=12)
+    assert cache.backend == "triton" and torch.equal(out, ref)
+
+
+def test_static_decode_whole_generation_within_budget(tiny):
+    """A budget above the final length attends everything, exactly as FullKV does."""
+    full, _ = run(tiny, "fullkv", 128, {}, False)
+    for method in ("locks", "quest"):
+        out, cache = run(tiny, method, 512, {}, True)
+        assert torch.equal(out, full) and cache.stats.summary()["coverage"] == pytest.approx(1.0)
+
+
+class StepTrace(TorchDispatchMode):
+    """Every aten op of a region with its arguments' shapes/dtypes and scalar values (not data or addresses)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    @staticmethod
+    def sig(x):
+        if isinstance(x, torch.Tensor):
+            return ("T", tuple(x.shape), str(x.dtype), x.device.type)
+        if isinstance(x, (list, tuple)):
+            return tuple(StepTrace.sig(y) for y in x)
+        if isinstance(x, dict):
+            return tuple(sorted((k, StepTrace.sig(v)) for k, v in x.items()))
+        if isinstance(x, torch.UntypedStorage):  # the Triton interpreter copies tensors through their storage
+            return ("storage", x.nbytes())
+        return repr(x)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops.append((str(func), self.sig(args), self.sig(kwargs)))
+        if func is torch.ops.aten.index.Tensor and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+            self.ops.append(("boolean-mask indexing (a host sync)", (), ()))
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def triton_launches(monkeypatch):
+    """Grid and non-tensor arguments of every Triton launch (interpreted or compiled), recorded like StepTrace."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    launches = []
+    kernel_class = JITFunction if DEV.type == "cuda" else InterpretedFunction
+    run = kernel_class.run
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        if not warmup:
+            launches.append((self.fn.__name__, repr(grid), StepTrace.sig(args), StepTrace.sig(kwargs)))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(kernel_class, "run", recording_run)
+    return launches
+
+
+def traced_steps(model, method, budget, options, backend, positions, launches=None):
+    """Prefill, then static steps up to max(positions); the captured region (`StaticDecodeStep.forward`) of the
+    steps at `positions` is traced."""
+    ids = prompt()
+    cache = SelectorCache(model, MethodSpec(method, budget, options, backend=backend), measure_coverage=True)
+    with torch.inference_mode():
+        cache.phase = "prefill"
+        token = model(input_ids=ids, cache=cache, sparse_cache=cache).logits[:, -1].argmax(-1)
+        step = StaticDecodeStep(model, cache, 1, ids.shape[1] + max(positions) + 1 - ids.shape[1] + 8)
+        traces = {}
+        for position in range(ids.shape[1], max(positions) + 1):
+            step.input_ids.copy_(token.view(1, 1))
+            step.position_ids.fill_(position)
+            cache.set_static_position(position)
+            if position in positions:
+                if launches is not None:
+                    launches.clear()
+                with StepTrace() as trace:
+                    logits = step.forward()
+                traces[position] = (trace.ops, list(launches or []))
+            else:
+                logits = step.forward()
+            cache.finish_static_step()
+            token = logits.argmax(-1)
+    return traces
+
+
+def check_replayable(traces):
+    (p0, (ops0, launches0)), *rest = sorted(traces.items())
+    assert not [op for op in ops0 if op[0].startswith(SYNC_OPS) or op[0].startswith("boolean")], "host sync in step"
+    for p, (ops, launches) in rest:
+        assert len(ops) == len(ops0), (p0, p)
+        for i, (a, b) in enumerate(zip(ops0, ops)):
+            assert a == b, f"op {i} differs between the steps at {p0} and {p}: {a} vs {b}"
+        assert launches == launches0
+
+
+# 301-token prompt: 18 complete pages + 13 tokens. Traced steps: tail 13 (first step), page completed at 320
+# (tail 0: one more top-k page fits), a later tail, and the first step after the 20th page was summarized.
+POSITIONS = (301, 319, 325, 336)
+
+
+@pytest.mark.parametrize("method,budget,options", CASES)
+def test_static_step_is_replayable_torch(tiny, method, budget, options):
+    check_replayable(traced_steps(tiny, method, budget, options, "torch", POSITIONS))
+
+
+@pytest.mark.parametrize("method", ["fullkv", "locks", "quest"])
+def test_static_step_is_replayable_triton(tiny, method, triton_launches):
+    traces = traced_steps(tiny, method, 128, {}, "triton", (301, 319, 320), triton_launches)
+    assert all(launches for _, launches in traces.values())  # the fused kernels ran inside the step
+    check_replayable(traces)
+
+
+def test_static_decode_choice_and_errors(tiny):
+    cache = SelectorCache(tiny, MethodSpec("locks", 128))
+    assert use_static_decode("auto", cache, "cpu") is False  # auto: only on CUDA
+    assert use_static_decode("auto", cache, "cuda") is True
+    assert use_static_decode(True, cache, "cpu") is True
+    with pytest.raises(ConfigError, match="static_decode"):
+        use_static_decode("yes", cache, "cpu")
+    oracle = SelectorCache(tiny, MethodSpec("oracle", 128))
+    assert use_static_decode("auto", oracle, "cuda") is False  # falls back to eager
+    for method, budget, options, match in [("oracle", 128, {}, "oracle"), ("locks", 64, {}, "page_size = 112 .got 64"),
+                                           ("locks", 128, {"budget_mode": "paper"}, "budget_mode=fair"),
+                                           ("quest", 128, {"page_rule": "eval"}, "page_rule=kernel"),
+                                           ("shadowkv", 512, {}, "shadowkv")]:
+        with pytest.raises(ConfigError, match=match):
+            run(tiny, method, budget, options, True, n=3)
+
+
+def test_pages_completed_during_static_decode_are_summarized_like_eager(tiny):
+    """The summaries of the pages completed while decoding (built after each step, all layers in one batched call)
+    equal a per-layer build of the same keys, and unbuilt pages are still zero."""
+    from dataclasses import fields
+
+    from locks.method.summaries import build_summaries
+
+    _, cache = run(tiny, "locks", 128, {}, True)  # 301 + 39 tokens: pages 18 .. 20 completed while decoding
+    L = cache.get_seq_length()
+    for layer in cache.layers:
+        s = layer.selector
+        assert s.pages_built == L // 16 == 21
+        ref = build_summaries(layer._k[:, :, 18 * 16 : 21 * 16], 16, s.rank, s.quant, head_mean=s.summaries.head_mean)
+        for f in fields(ref):
+            if f.name != "head_mean":
+                assert torch.equal(getattr(s.summaries, f.name)[:, :, 18:21], getattr(ref, f.name)), f.name
+                assert not getattr(s.summaries, f.name)[:, :, 21:].any(), f.name

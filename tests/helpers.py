@@ -1,0 +1,203 @@
+"""Helpers shared by the tests (one module; test modules import from here, never from each other): tiny models and
+greedy decoding through the harness, a whitespace tokenizer stub, synthetic K/V and dense references for selector
+tests, and tolerances for the kernel tests."""
+
+import torch
+
+from locks.core.attention import register_attention
+from locks.core.cache import SelectorCache
+from locks.core.reference import sparse_decode
+from locks.core.reference import sparse_decode as ref_sparse_decode
+from locks.core.registry import MethodSpec
+from locks.core.selector import LayerInfo, PrefillContext, Selection
+from locks.method.summaries import build_summaries
+
+TINY_LLAMA = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+)
+
+
+def greedy(model, ids, n, method="fullkv", budget=4096, **options):
+    """Greedy decoding of `n` tokens through the sparse_kv attention with a fresh SelectorCache for `method`
+    -> (generated ids, cache)."""
+    from locks.core.attention import register_attention
+    from locks.core.cache import SelectorCache
+    from locks.core.generation import generate
+    from locks.core.registry import MethodSpec
+
+    model.set_attn_implementation(register_attention())
+    cache = SelectorCache(model, MethodSpec(method, budget, options))
+    return generate(model, cache, ids, n), cache
+
+
+class WhitespaceTokenizer:
+    """eval_fixtures.md §1.2 stub: text_to_tokens = str.split; a toy chat template."""
+
+    name_or_path = "whitespace-stub"
+
+    def tokenize(self, text):
+        return text.split()
+
+    def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False):
+        assert not tokenize and add_generation_prompt
+        return "<user>\n" + messages[0]["content"] + "\n<assistant>\n"
+
+
+D = 32
+
+SCALE = D**-0.5
+
+
+def make_kv(B, Hkv, L, d=D, clustered=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if not clustered:
+        return torch.randn(B, Hkv, L, d, generator=g), torch.randn(B, Hkv, L, d, generator=g)
+    # clustered keys: a few centroids with small per-token noise and a few strong "needle" pages
+    centers = torch.randn(B, Hkv, 8, d, generator=g) * 2
+    assign = torch.randint(0, 8, (L,), generator=g)
+    keys = centers[:, :, assign] + 0.3 * torch.randn(B, Hkv, L, d, generator=g)
+    return keys, torch.randn(B, Hkv, L, d, generator=g)
+
+
+def build(name, budget, Hq, Hkv, **options):
+    info = LayerInfo(layer_idx=0, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, scaling=SCALE)
+    return MethodSpec(name, budget, options).build(info)
+
+
+def prefill(selector, keys, values, Hq, prompt_len):
+    B, Hkv, L, d = keys.shape
+    q = torch.randn(B, Hq, prompt_len, d)
+    pos = torch.arange(prompt_len).expand(B, -1)
+    selector.prefill(
+        PrefillContext(keys[:, :, :prompt_len], values[:, :, :prompt_len], q, pos, lambda: keys[:, :, :prompt_len])
+    )
+
+
+def dense_reference(q, keys, values):
+    """float64 softmax attention over all tokens, GQA by explicit head mapping."""
+    B, Hq, d = q.shape
+    G = Hq // keys.shape[1]
+    k = keys.double().repeat_interleave(G, dim=1)
+    v = values.double().repeat_interleave(G, dim=1)
+    logits = torch.einsum("bhd,bhld->bhl", q.double(), k) * SCALE
+    return torch.einsum("bhl,bhld->bhd", torch.softmax(logits, -1), v), torch.logsumexp(logits, -1)
+
+
+def decode_output(selector, q, keys, values):
+    sel = selector.select(q, keys, values)
+    if sel.dense:
+        return dense_reference(q, keys, values)[0].float(), sel
+    return sparse_decode(q, keys, values, sel, SCALE)[0], sel
+
+
+def coverage(sel: Selection, q, keys):
+    """Mean over query heads of the exact attention mass on the selected tokens."""
+    B, Hq, d = q.shape
+    Hkv, L = keys.shape[1], keys.shape[2]
+    G = Hq // Hkv
+    logits = torch.einsum("bhgd,bhld->bhgl", q.view(B, Hkv, G, d).double(), keys.double()) * SCALE
+    p = torch.softmax(logits, -1)
+    mask = torch.zeros(B, Hkv, sel.indices.shape[2], L, dtype=torch.bool)
+    mask.scatter_(3, sel.indices, sel.valid)
+    return float((p * mask.expand(B, Hkv, G, L)).sum(-1).mean())
+
+
+def stock_greedy(model, ids, n):
+    model.set_attn_implementation("sdpa")
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[:, ids.shape[1] :]
+
+
+def teacher_forced_logits(model, ids, continuation, method, budget, **options):
+    """Logits of every decode step when the continuation is fed token by token through the SelectorCache."""
+    model.set_attn_implementation(register_attention())
+    cache = SelectorCache(model, MethodSpec(method, budget, options))
+    cache.phase = "prefill"
+    logits = [model(input_ids=ids, cache=cache, sparse_cache=cache).logits[:, -1]]
+    cache.phase = "decode"
+    for i, token in enumerate(continuation[0, :-1]):
+        pos = torch.tensor([[ids.shape[1] + i]])
+        logits.append(
+            model(input_ids=token.view(1, 1), position_ids=pos, cache=cache, sparse_cache=cache).logits[:, -1]
+        )
+    return torch.stack(logits, 1)
+
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref| over the reference's finite entries; the -inf / +inf / NaN patterns must agree."""
+    out, ref = out.float().cpu(), ref.float().cpu()
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(out)), "finite-entry patterns differ (unwritten NaN or wrong mask)"
+    assert torch.equal(out[~fin], ref[~fin]), "non-finite entries differ"
+    if not fin.any():
+        return 0.0
+    scale = ref[fin].abs().max().clamp(min=1e-30)
+    return float((out[fin] - ref[fin]).abs().max() / scale)
+
+
+def gen(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype).to(DEV)
+
+
+def locks_inputs(B, Hkv, G, d, P, dtype, seed=0, extra=5):
+    keys = gen(B, Hkv, P * 16 + extra, d, dtype=dtype, seed=seed)  # a partial page too (ignored by summaries)
+    keys = keys * (1 + torch.linspace(0, 3, d, device=DEV))  # uneven channel scales, like real keys
+    q = gen(B, Hkv * G, d, dtype=dtype, seed=seed + 1) * 2
+    return q, build_summaries(keys.to(dtype))
+
+
+def topk_equal_except_ties(out: torch.Tensor, ref: torch.Tensor, k: int, tol: float) -> None:
+    """top-k index sets agree, except pages whose reference score ties (within tol) the k-th largest."""
+    a = torch.topk(out, k, dim=-1).indices.sort(-1).values.cpu()
+    b = torch.topk(ref, k, dim=-1).indices.sort(-1).values.cpu()
+    kth = torch.topk(ref, k, dim=-1).values[..., -1:].cpu()
+    refc = ref.cpu()
+    for row in range(a.reshape(-1, k).shape[0]):
+        sa, sb = set(a.reshape(-1, k)[row].tolist()), set(b.reshape(-1, k)[row].tolist())
+        for page in sa ^ sb:
+            v, t = refc.reshape(-1, ref.shape[-1])[row, page], kth.reshape(-1)[row]
+            assert abs(float(v - t)) <= tol * max(1.0, abs(float(t))), f"row {row}: page {page} differs (no tie)"
+
+
+def kv_inputs(B, Hkv, G, d, L, dtype, seed):
+    return (gen(B, Hkv * G, d, dtype=dtype, seed=seed), gen(B, Hkv, L, d, dtype=dtype, seed=seed + 1),
+            gen(B, Hkv, L, d, dtype=dtype, seed=seed + 2))
+
+
+def ref_decode_fp32(q, k, v, sel, scaling):
+    """The reference on fp32 copies of the inputs (fp32 output), so that bf16 runs measure the kernel's error and not
+    the reference's own rounding of its output to bf16."""
+    f = torch.float32
+    sel32 = Selection(indices=sel.indices, valid=sel.valid)
+    return ref_sparse_decode(q.to(f), k.to(f), v.to(f), sel32, scaling)
+
+
+
+def default_method_options(name: str) -> dict | None:
+    """conf/method/<name>.yaml resolved against conf/config.yaml's top-level values (e.g. `seed: ${seed}`), without
+    name / budget / backend; None when the method has no such file."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    path = conf / "method" / f"{name}.yaml"
+    if not path.exists():
+        return None
+    top = OmegaConf.load(conf / "config.yaml")
+    top = OmegaConf.create({k: v for k, v in top.items() if k not in ("defaults", "hydra", "paths", "method")})
+    cfg = OmegaConf.to_container(OmegaConf.merge(top, {"method": OmegaConf.load(path)}), resolve=True)["method"]
+    return {k: v for k, v in cfg.items() if k not in ("name", "budget", "backend")}
