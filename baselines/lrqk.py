@@ -220,7 +220,7 @@ def _nonneg_float(value, name: str) -> float:
 class LRQKSelector(Selector):
     name = "lrqk"
     display_name = "LRQK"
-    report_order = 6
+    report_order = 7
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 32,
                  lite_tokens: int = 64, max_iter_prefill: int = 2, max_iter_decode: int = 2,
@@ -314,6 +314,9 @@ class LRQKSelector(Selector):
             self.lite_len = 0
 
     # ----- prefill ---------------------------------------------------------------------------------------------------
+
+    def prefill_queries(self) -> int | None:
+        return None  # the ALS factorization of Q K^T uses every prompt query
 
     @_single_threaded_on_cpu
     def prefill(self, ctx: PrefillContext) -> None:

@@ -14,8 +14,9 @@ from locks.core.registry import register
 @register
 class OracleSelector(PageSelector):
     name = "oracle"
-    display_name = "Oracle"
+    display_name = "Oracle: pages/KV head"
     report_order = 1
+    bounds = "page selectors that share one page set per KV head across its query heads (e.g. LOCKS)"
     plot_style = {"linestyle": "--", "marker": "s"}
 
     def page_scores(self, query, keys, num_pages):

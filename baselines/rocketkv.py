@@ -146,7 +146,7 @@ def approx_scores(q: Tensor, kmin: Tensor, kmax: Tensor, r_ch: int) -> tuple[Ten
 class RocketKVSelector(Selector):
     name = "rocketkv"
     display_name = "RocketKV"
-    report_order = 5
+    report_order = 6
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", params: str = "accuracy",
                  alpha: float | None = None, window: int = 32, pool_kernel: int = 63):
@@ -175,6 +175,9 @@ class RocketKVSelector(Selector):
         self.index: Tensor | None = None  # [B, Hkv, cap] cache index of each compacted position
         self.kmin: Tensor | None = None  # [B, Hkv, capC, d] per-chunk element-wise min (cache dtype: min/max are exact)
         self.kmax: Tensor | None = None
+
+    def prefill_queries(self) -> int | None:
+        return self.window  # SnapKV++ scores with the last `window` prompt queries
 
     def prefill(self, ctx) -> None:
         keys, queries = ctx.keys, ctx.queries

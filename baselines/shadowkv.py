@@ -80,7 +80,7 @@ def _take(x: Tensor, idx: Tensor) -> Tensor:
 class ShadowKVSelector(Selector):
     name = "shadowkv"
     display_name = "ShadowKV"
-    report_order = 4
+    report_order = 5
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 160, chunk_size: int = 8,
                  local_chunks: int = 4, outlier_chunks: int | str = 48, align_chunks_to_8: bool = False,
@@ -122,6 +122,9 @@ class ShadowKVSelector(Selector):
         rule = (self.budget // 1024) * 24  # CPU class, kv_cache.py L398
         configured = rule if self.outlier_option == "auto" else self.outlier_option
         return configured if self.budget_mode == "paper" else min(configured, rule)
+
+    def prefill_queries(self) -> int | None:
+        return 1  # the CPU class's first selection uses the last prompt query
 
     def prefill(self, ctx: PrefillContext) -> None:
         keys, values = ctx.keys, ctx.values

@@ -31,6 +31,10 @@ class Ruler:
         self.lengths = [int(x) for x in (lengths if isinstance(lengths, (list, tuple, ListConfig)) else [lengths])]
         if any(n <= 0 for n in self.lengths):
             raise ConfigError(f"benchmark.context_length must be positive token counts (got {lengths})")
+        cap = cfg.get("decode_cap")
+        if cap is not None and (not isinstance(cap, int) or cap <= 0):
+            raise ConfigError(f"benchmark.decode_cap must be a positive number of tokens or null (got {cap!r})")
+        self.decode_cap = cap
 
     def samples(self, tokenizer, seed: int) -> list[dict]:
         from eval.ruler.generate import generate_samples
@@ -41,8 +45,16 @@ class Ruler:
                 for s in generate_samples(task, tokenizer, length, int(self.cfg.num_samples), seed=seed,
                                           chat_template=bool(self.cfg.chat_template), data_dir=self.cfg.data_dir,
                                           essay_path=self.cfg.essay_path, cache_dir=self.cfg.cache_dir):
-                    out.append({**s, "id": f"{task}/{length}/{s['index']}", "context_length": length})
+                    out.append({**s, "id": f"{task}/{length}/{s['index']}", "context_length": length,
+                                **self._capped(s)})
         return out
+
+    def _capped(self, sample: dict) -> dict:
+        """decode_cap: stop generating after that many tokens. The prompt is RULER's, sized for the task's
+        tokens_to_generate, unchanged; greedy decoding makes the capped answer the first tokens of the uncapped one."""
+        if self.decode_cap is None:
+            return {}
+        return {"max_new_tokens": min(int(sample["max_new_tokens"]), self.decode_cap)}
 
     def score(self, prediction: str, sample: dict) -> float:
         from eval.ruler.metrics import sample_score
@@ -76,6 +88,7 @@ class Ruler:
             "truncation": "none (prompts sized to context_length)",
             "chat_template": bool(self.cfg.chat_template),
             "answer_prefix": True,
+            "decode_cap": self.decode_cap,
             "generator_versions": GENERATOR_VERSIONS,
             "wonderwords": importlib.metadata.version("wonderwords"),
             "nltk": importlib.metadata.version("nltk"),

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from eval.stats import bootstrap_ci
+
 # static_decode (eager steps or one captured CUDA graph) computes the same selections and attention up to float
 # rounding, like method.backend below; both are recorded in metrics.json (decode_mode, attn_backend)
 NOT_HASHED = ("logger", "paths", "hydra", "static_decode")
@@ -74,6 +76,20 @@ def sample_id(row: dict) -> str:
     return row.get("id") or f"{row['task']}/{row['index']}"
 
 
+def sample_scores(rows: list[dict]) -> dict:
+    """Every sample's score by its id, with its task: what the report's confidence intervals and paired tests
+    (eval/stats.py) resample and pair across methods."""
+    return {sample_id(r): {"task": r["task"], "score": float(r["score"])} for r in rows}
+
+
+def suite_ci(samples: dict) -> list[float] | None:
+    """[lower, upper] of the 95% stratified bootstrap interval of the suite average (eval/stats.py), 2 decimals."""
+    if not samples:
+        return None
+    _, lo, hi = bootstrap_ci({k: v["score"] for k, v in samples.items()}, {k: v["task"] for k, v in samples.items()})
+    return [round(lo, 2), round(hi, 2)]
+
+
 def per_task_scores(rows: list[dict], tasks: list[str]) -> dict:
     """Mean sample score per task (0-100, 2 decimals, in `tasks` order), their average and the sample counts."""
     df = pd.DataFrame(rows)
@@ -124,6 +140,9 @@ def score_table(metrics: dict) -> str:
     rows = [{"task": t, "score": s, "n": metrics["num_samples"].get(t)} for t, s in metrics["scores"].items()]
     rows.append({"task": "average", "score": metrics["average"], "n": sum(v for v in metrics["num_samples"].values() if v)})
     table = pd.DataFrame(rows).to_string(index=False)
+    if metrics.get("average_ci95"):
+        lo, hi = metrics["average_ci95"]
+        table += f"\naverage 95% bootstrap CI [{lo:.2f}, {hi:.2f}] over samples"
     extra = (f"attended fraction {metrics['attended_fraction']:.3f} | bytes read vs FullKV "
              f"{metrics['bytes_read_ratio']:.3f}")
     if metrics.get("coverage") is not None:

@@ -1,12 +1,14 @@
 """One benchmark run: model + method + benchmark -> predictions.jsonl, metrics.json, a printed score table."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.metadata
 import json
 import platform
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
+from eval import events
 from eval.benchmarks import build_benchmark
 from eval.results import (
     append_prediction,
@@ -22,12 +25,15 @@ from eval.results import (
     run_dir_name,
     run_key,
     sample_id,
+    sample_scores,
+    suite_ci,
     score_table,
     write_json_atomic,
 )
 from eval.tracking import build_logger
 from locks.core.cache import SelectorCache, prefill_backend
 from locks.core.generation import generate
+from locks.core.prefill import replay_prefill
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, resolve_backend
 from locks.errors import ConfigError
@@ -45,84 +51,146 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_benchmark(config: dict, cfg) -> dict:
-    """config: the resolved config as a plain dict; cfg: the same as an OmegaConf object (for group access)."""
+@dataclass
+class Job:
+    """One (method, budget) run: its resolved config, method, run key and run directory."""
+
+    config: dict
+    cfg: object  # the same config as an OmegaConf object (group access: model, benchmark, logger)
+    method: MethodSpec
+    key: str
+    out_dir: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.config['method']['name']} b={self.config['method']['budget']}"
+
+
+def check_method(config: dict) -> MethodSpec:
+    """The job's method, built once on a small layer so that its parameters are checked (ConfigError) before any
+    expensive work; every layer takes the same arguments."""
     method = method_spec(config["method"])
-    # Validate the method's parameters before any expensive work (every layer takes the same arguments).
     method.build(LayerInfo(0, 1, 1, 64, 0.125))
+    return method
+
+
+def prepare_job(config: dict, cfg) -> Job:
+    """Validate the method's parameters before any expensive work (every layer takes the same arguments) and fix
+    the run key and directory. FullKV's budget changes nothing, so it is left out of the key: one run serves a
+    whole sweep."""
+    method = check_method(config)
     if not method.selector_class().uses_budget:
-        # FullKV: the budget changes nothing, so it is left out of the run key and one run serves a whole sweep
         method_cfg = {k: v for k, v in config["method"].items() if k != "budget_mode"}
         config = {**config, "budget": None, "method": {**method_cfg, "budget": None}}
-    benchmark = build_benchmark(cfg.benchmark)
-    key = run_key(config)
     out_dir = Path(config["paths"]["runs_dir"]) / run_dir_name(config)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # One job at a time per run directory: FullKV's budgets share one key, and a requeued job may overlap its
-    # predecessor; the second waits here, then finds the results complete and skips.
-    with open(out_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _run_in(out_dir, config, cfg, method, benchmark, key)
+    return Job(config, cfg, method, run_key(config), out_dir)
 
 
-def _run_in(out_dir: Path, config: dict, cfg, method: MethodSpec, benchmark, key: str) -> dict:
-    from locks.core.models import load_model
+@contextlib.contextmanager
+def locked(jobs: list[Job]):
+    """One process at a time per run directory: FullKV's budgets share one key, and a requeued job may overlap its
+    predecessor; a second one waits here, then finds the results complete and skips. Several directories are
+    locked in one order (no deadlock between overlapping groups)."""
+    with contextlib.ExitStack() as stack:
+        for out_dir in sorted({j.out_dir for j in jobs}):
+            f = stack.enter_context(open(out_dir / ".lock", "w"))
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
-    with open(out_dir / "config.yaml", "w") as f:
-        yaml.safe_dump(config, f, sort_keys=False)
-    pred_path, metrics_path = out_dir / "predictions.jsonl", out_dir / "metrics.json"
-    stored = finished_metrics(pred_path, metrics_path)
-    if stored is not None:  # a finished run (resubmitted or requeued sweep): nothing to do, no model load
-        n = sum(stored["num_samples"].values())
-        print(f"run directory: {out_dir}  ({n} samples done, 0 to go)")
-        print(f"skipped: results exist in {out_dir}")
-        logger = build_logger(cfg.logger, config, key, out_dir, run_dir_name(config))
-        try:  # (re)log the stored results, so a sweep's W&B group is complete even when jobs were skipped
-            logger.log_summary(stored)
-            logger.log_results_dir()
+
+def run_benchmark(config: dict, cfg) -> dict:
+    """config: the resolved config as a plain dict; cfg: the same as an OmegaConf object (for group access)."""
+    job = prepare_job(config, cfg)
+    benchmark = build_benchmark(cfg.benchmark)
+    with locked([job]):
+        stored = start_job(job)
+        if stored is not None:
+            return stored
+        events.record("job_start", job=job.label)
+        seed_everything(int(job.config["seed"]))
+        loaded = load_model(cfg.model)
+        check_context(job.config["benchmark"], loaded)
+        with events.timed("samples"):
+            samples = benchmark.samples(loaded.tokenizer, int(job.config["seed"]))
+        done, todo = pending(job, samples)
+        logger = build_logger(cfg.logger, job.config, job.key, job.out_dir, run_dir_name(job.config))
+        try:
+            with open(job.out_dir / "predictions.jsonl", "a") as f:
+                for sample in tqdm(todo, desc=job.label, unit="sample"):
+                    row = run_sample(loaded, job.method, sample, benchmark, job.config)
+                    append_prediction(f, row)
+                    done.append(row)
+            return finish_job(job, loaded, benchmark, done, logger)
         finally:
             logger.finish()
-        print(score_table(stored))
-        return stored
 
-    seed_everything(int(config["seed"]))
-    loaded = load_model(cfg.model)
-    backend = resolve_backend(method.backend, loaded.device)
-    check_context(config["benchmark"], loaded)
-    samples = benchmark.samples(loaded.tokenizer, int(config["seed"]))
-    done = read_predictions(pred_path)
-    finished = {sample_id(r) for r in done}
-    todo = [s for s in samples if sample_id(s) not in finished]
-    print(f"run directory: {out_dir}  ({len(done)} samples done, {len(todo)} to go)")
 
-    logger = build_logger(cfg.logger, config, key, out_dir, run_dir_name(config))
-    try:
-        with open(pred_path, "a") as f:
-            for sample in tqdm(todo, desc=f"{config['method']['name']} b={config['method']['budget']}", unit="sample"):
-                row = run_sample(loaded, method, sample, benchmark, config)
-                append_prediction(f, row)
-                done.append(row)
-        metrics = benchmark.aggregate(done)
-        metrics.update(efficiency_summary(done))
-        metrics.update(
-            run_key=key, method=config["method"], model=loaded.name, device=str(loaded.device),
-            dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
-            budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
-            benchmark=benchmark.run_record(loaded.tokenizer), attn_backend=backend,
-            decode_mode=",".join(sorted({str(r.get("decode_mode", "eager")) for r in done})),
-            prefill_backend=prefill_backend(loaded.device, loaded.dtype),
-            versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
-            python=platform.python_version(),
-        )
-        write_json_atomic(metrics_path, metrics)
-        logger.log_samples(done)
-        logger.log_summary(metrics)
+def start_job(job: Job) -> dict | None:
+    """Write the run's config.yaml; for a finished run (resubmitted or requeued sweep) (re)log and print its stored
+    results and return them: nothing to do, no model load."""
+    with open(job.out_dir / "config.yaml", "w") as f:
+        yaml.safe_dump(job.config, f, sort_keys=False)
+    stored = finished_metrics(job.out_dir / "predictions.jsonl", job.out_dir / "metrics.json")
+    if stored is None:
+        return None
+    n = sum(stored["num_samples"].values())
+    print(f"run directory: {job.out_dir}  ({n} samples done, 0 to go)")
+    print(f"skipped: results exist in {job.out_dir}")
+    logger = build_logger(job.cfg.logger, job.config, job.key, job.out_dir, run_dir_name(job.config))
+    try:  # (re)log the stored results, so a sweep's W&B group is complete even when jobs were skipped
+        logger.log_summary(stored)
         logger.log_results_dir()
     finally:
         logger.finish()
+    print(score_table(stored))
+    return stored
+
+
+def pending(job: Job, samples: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(the rows already in predictions.jsonl, the samples still to run), in the benchmark's order."""
+    done = read_predictions(job.out_dir / "predictions.jsonl")
+    finished = {sample_id(r) for r in done}
+    todo = [s for s in samples if sample_id(s) not in finished]
+    print(f"run directory: {job.out_dir}  ({len(done)} samples done, {len(todo)} to go)")
+    return done, todo
+
+
+def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
+    """Aggregate the rows into metrics.json (written atomically, last), log it and print the score table."""
+    config = job.config
+    metrics = benchmark.aggregate(done)
+    metrics.update(efficiency_summary(done))
+    metrics["samples"] = sample_scores(done)
+    metrics["average_ci95"] = suite_ci(metrics["samples"])
+    metrics.update(
+        run_key=job.key, method=config["method"], model=loaded.name, device=str(loaded.device),
+        dtype=str(loaded.dtype).replace("torch.", ""), seed=int(config["seed"]),
+        budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
+        benchmark=benchmark.run_record(loaded.tokenizer),
+        attn_backend=resolve_backend(job.method.backend, loaded.device),
+        decode_mode=",".join(sorted({str(r.get("decode_mode", "eager")) for r in done})),
+        prefill_backend=prefill_backend(loaded.device, loaded.dtype),
+        versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
+        python=platform.python_version(),
+    )
+    metrics_path = job.out_dir / "metrics.json"
+    write_json_atomic(metrics_path, metrics)
+    logger.log_samples(done)
+    logger.log_summary(metrics)
+    logger.log_results_dir()
     print(score_table(metrics))
     print(f"results: {metrics_path}")
+    events.record("job_done", job=job.label, samples=len(done))
     return metrics
+
+
+def load_model(model_cfg):
+    """The model, once per process (a group of jobs shares it); timed in the event log."""
+    from locks.core.models import load_model as load
+
+    with events.timed("model_load"):
+        return load(model_cfg)
 
 
 def finished_metrics(pred_path: Path, metrics_path: Path) -> dict | None:
@@ -149,20 +217,32 @@ def check_context(bench: dict, loaded) -> None:
                           f"({loaded.max_context}); use a value <= {loaded.max_context}")
 
 
-def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict) -> dict:
-    tok = loaded.tokenizer
+def prompt_ids(loaded, sample: dict) -> torch.Tensor:
     if sample.get("input_ids") is not None:
-        ids = torch.tensor([sample["input_ids"]], dtype=torch.long, device=loaded.device)
-    else:
-        ids = tok(sample["input"], add_special_tokens=False, return_tensors="pt").input_ids.to(loaded.device)
+        return torch.tensor([sample["input_ids"]], dtype=torch.long, device=loaded.device)
+    return loaded.tokenizer(sample["input"], add_special_tokens=False, return_tensors="pt").input_ids.to(loaded.device)
+
+
+def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict, capture=None,
+               prefill_seconds: float = 0.0) -> dict:
+    """One sample of one run -> its predictions.jsonl row. With `capture` (a PrefillCapture of this sample's prompt,
+    shared by a group of runs) the prefill is replayed instead of run; `seconds` then counts the shared prefill's
+    time (`prefill_seconds`) plus this run's replay and decode, what a separate run would spend."""
+    tok = loaded.tokenizer
+    ids = prompt_ids(loaded, sample)
     cache = SelectorCache(loaded.model, method, kv_element_bytes=int(config["kv_element_bytes"]),
                           measure_coverage=bool(config["measure_coverage"]))
     start = time.perf_counter()
     stop_ids = list(loaded.eos_token_ids) + [t for t in sample.get("stop_token_ids", []) if t not in loaded.eos_token_ids]
+    logits = None
+    if capture is not None:
+        logits = replay_prefill(cache, capture)
+    else:
+        events.record("prefill", tokens=int(ids.shape[1]))
     out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids,
                    min_new_tokens=int(sample.get("min_new_tokens", 0)),
-                   static_decode=config.get("static_decode", False))
-    seconds = time.perf_counter() - start
+                   static_decode=config.get("static_decode", False), prefill_logits=logits)
+    seconds = time.perf_counter() - start + prefill_seconds
     prediction = tok.decode(out[0], skip_special_tokens=True)
     stats = cache.stats.summary()
     return {

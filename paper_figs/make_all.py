@@ -9,10 +9,11 @@ from __future__ import annotations
 import sys
 import traceback
 
-from paper_figs import bytes_per_step, e2e_decode, infinitebench_table, latency_speedup, longbench_curve, ruler_embedded
+from paper_figs import (bytes_per_step, claims, e2e_decode, infinitebench_table, latency_speedup, longbench_curve,
+                        ruler_embedded)
 from paper_figs.common import parse_args
 
-SCRIPTS = [ruler_embedded, infinitebench_table, longbench_curve, latency_speedup, bytes_per_step, e2e_decode]
+SCRIPTS = [ruler_embedded, infinitebench_table, longbench_curve, latency_speedup, bytes_per_step, e2e_decode, claims]
 
 
 def main(argv=None) -> int:

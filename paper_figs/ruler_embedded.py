@@ -1,10 +1,12 @@
-"""RULER on the embedded model (SmolLM2-135M-Instruct, 4096 tokens): score table per method x budget, efficiency
-table, score vs budget, attention-mass coverage vs budget and the per-task heat map.
+"""RULER on the embedded model (SmolLM2-135M-Instruct): the default suite (niah_single_2, 2048 tokens, natural-text
+haystack) swept over every method x budgets 64, 128, 256, 512. Tables with 95% bootstrap intervals and paired tests
+(statistics), score and coverage vs budget, vs bytes read per decode step and vs attended tokens per KV head (Pareto
+fronts marked), efficiency table and the per-task heat map.
 
-Input: results/ruler_4k/*.json (the five README runs) and results/ruler_4k_sweep/ (the budget sweep) when it is
-committed; a run of the sweep in the same cell (method, budget, config) as one of ruler_4k supersedes it (printed).
-Output: paper_figs/out/ruler_embedded_{scores.{csv,md,tex},scores_by_task.csv,efficiency.{csv,md},
-score_vs_budget,coverage_vs_budget,task_heatmap}.{png,pdf}.
+Input: results/ruler_embedded/*.json (one metrics.json per run, named <method>[_b<budget>].json).
+Output: paper_figs/out/ruler_embedded_{scores.{csv,md,tex},statistics.{csv,md,tex},efficiency.{csv,md},
+score_vs_budget,coverage_vs_budget,score_vs_bytes,coverage_vs_bytes,score_vs_tokens,coverage_vs_tokens,
+task_heatmap}.{png,pdf} (the set eval.report writes for one table unit).
 """
 from __future__ import annotations
 
@@ -13,28 +15,29 @@ import sys
 from paper_figs.common import missing, parse_args, rel, report, runs_in
 
 NAME = "ruler_embedded"
-COMMAND = ("python run.py -m method=fullkv,oracle,locks,quest,shadowkv,rocketkv,lrqk budget=128,512 "
-           "(copy each outputs/runs/<run>/metrics.json to results/ruler_4k_sweep/<method>[_b<budget>].json)")
+DIR = "ruler_embedded"
+COMMAND = ("python run.py -m hydra/launcher=grouped hydra.launcher.skip_invalid=true "
+           "method=fullkv,oracle,oracle_token,locks,quest,shadowkv,rocketkv,lrqk budget=64,128,256,512 "
+           "benchmark.num_samples=100 paths.runs_dir=outputs/ruler_embedded "
+           "(then python scripts/collect_runs.py outputs/ruler_embedded results/ruler_embedded)")
 
 
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
-    base, sweep = args.results / "ruler_4k", args.results / "ruler_4k_sweep"
-    frames = [runs_in(base), runs_in(sweep)]
-    if all(f is None for f in frames):
-        return missing(NAME, f"{rel(base)}/*.json", COMMAND)
-    df, notes = report.combine_runs(frames)
-    for note in notes:
-        print(f"{NAME}: {note}")
-    df = df[(df["benchmark"] == "ruler") & (df["context"] == "4096")]
+    src = args.results / DIR
+    df = runs_in(src)
+    if df is None:
+        return missing(NAME, f"{rel(src)}/*.json", COMMAND)
+    df = df[df["benchmark"] == "ruler"]
     if not len(df):
-        return missing(NAME, f"RULER runs at 4096 tokens in {rel(base)}", COMMAND)
+        return missing(NAME, f"RULER runs in {rel(src)}", COMMAND)
     written = []
     for (bench, model), group in report.groups(df):
-        prefix = NAME + ("_" + model if df["model"].nunique() > 1 else "") + "_"
-        written += report.write_unit(group, args.out, f"RULER 4K, {model}", prefix=prefix)
-    print(f"{NAME}: {len(df)} runs from {', '.join(rel(d) for d, f in zip((base, sweep), frames) if f is not None)}"
-          f" -> {len(written)} files in {rel(args.out)}")
+        for context, unit in report.units(group):
+            prefix = NAME + ("_" + model if df["model"].nunique() > 1 else "") + (
+                "_" + context if group["context"].nunique() > 1 else "") + "_"
+            written += report.write_unit(unit, args.out, f"RULER {context} tokens, {model}", prefix=prefix)
+    print(f"{NAME}: {len(df)} runs from {rel(src)} -> {len(written)} files in {rel(args.out)}")
     return 0
 
 

@@ -61,7 +61,7 @@ GROUP_REDUCE = ("max", "sum")
 class QuestSelector(Selector):
     name = "quest"
     display_name = "Quest"
-    report_order = 3
+    report_order = 4
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
                  dense_layers: int = 2, page_rule: str = "kernel", gqa: str = "per_head", group_reduce: str = "max"):

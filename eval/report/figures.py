@@ -13,7 +13,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 from eval.report.runs import budgets_of, ordered_labels, task_columns
-from locks.core.registry import plot_style
+from eval.report.statistics import with_intervals
+from locks.core.registry import bounds, plot_style
 
 
 def _style(label: str, method: str) -> dict:
@@ -50,22 +51,36 @@ def _pow2_axis(ax, values) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
+def _yerr(g: pd.DataFrame, y: np.ndarray) -> np.ndarray:
+    """Asymmetric error bars [y - ci_lo, ci_hi - y] (0 where a run has no interval)."""
+    lo = np.nan_to_num(y - g["ci_lo"].astype(float).to_numpy(), nan=0.0)
+    hi = np.nan_to_num(g["ci_hi"].astype(float).to_numpy() - y, nan=0.0)
+    return np.vstack([np.maximum(lo, 0), np.maximum(hi, 0)])
+
+
 def plot_score_vs_budget(unit: pd.DataFrame, title: str = "", value: str = "average",
                          ylabel: str = "average score (0-100)"):
-    """One line per method (log2 budget axis), FullKV a horizontal line, the Oracle dashed. Returns the Figure."""
+    """One line per method (log2 budget axis), FullKV a horizontal line, the Oracle dashed; with ci_lo / ci_hi
+    columns (eval/report/statistics.py) the scores carry 95% error bars (FullKV a band). Returns the Figure."""
     fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
     budgets = budgets_of(unit)
+    unit = unit if "ci_lo" in unit or value != "average" else with_intervals(unit)
     for label in ordered_labels(unit):
         g = unit[(unit["label"] == label)]
+        bars = value == "average" and "ci_lo" in g and g["ci_lo"].notna().any()
         if g["budget"].isna().all():
             y = g[value].iloc[0]
             if y is not None and not pd.isna(y):
                 ax.axhline(float(y), color="black", linestyle=":", linewidth=1.5, label=label)
+                if bars:
+                    ax.axhspan(float(g["ci_lo"].iloc[0]), float(g["ci_hi"].iloc[0]), color="black", alpha=0.08)
             continue
         g = g[g["budget"].notna() & g[value].notna()].sort_values("budget")
         if len(g):
-            ax.plot(g["budget"].astype(int).to_numpy(), g[value].astype(float).to_numpy(), label=label,
-                    **_style(label, g["method"].iloc[0]))
+            x, y = g["budget"].astype(int).to_numpy(), g[value].astype(float).to_numpy()
+            line, = ax.plot(x, y, label=label, **_style(label, g["method"].iloc[0]))
+            if bars:
+                ax.errorbar(x, y, yerr=_yerr(g, y), fmt="none", ecolor=line.get_color(), capsize=3, linewidth=1)
     _log2_budget_axis(ax, budgets)
     ax.set_xlabel("token budget (log2 scale)")
     ax.set_ylabel(ylabel)
@@ -79,6 +94,60 @@ def plot_score_vs_budget(unit: pd.DataFrame, title: str = "", value: str = "aver
 def plot_coverage_vs_budget(unit: pd.DataFrame, title: str = ""):
     return plot_score_vs_budget(unit, title=title, value="coverage",
                                 ylabel="attention-mass coverage of the selection")
+
+
+COST_AXES = {"bytes_read_per_step": "bytes read per decode step (MB, metadata + K/V, all layers; log scale)",
+             "attended_tokens_per_step": "attended tokens per KV head and step (log2 scale)"}
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point dominates (cost <= and score >= with one strict), by cost."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best = [], -np.inf
+    for i in order:
+        if points[i][1] > best:
+            front.append(i)
+            best = points[i][1]
+    return front
+
+
+def plot_vs_cost(unit: pd.DataFrame, cost: str = "bytes_read_per_step", value: str = "average", title: str = ""):
+    """Score (or coverage) against measured cost, one line per method through its budgets, FullKV one point, the
+    Pareto front of the implementable runs (upper-bound references excluded: they read every key to choose) a grey
+    step line with circled points. Returns the Figure."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    unit = unit if "ci_lo" in unit or value != "average" else with_intervals(unit)
+    g = unit[unit[cost].notna() & unit[value].notna()]
+    scale = 1e6 if cost == "bytes_read_per_step" else 1.0
+    points = []
+    for label in ordered_labels(g):
+        s = g[g["label"] == label].sort_values(cost)
+        x, y = s[cost].astype(float).to_numpy() / scale, s[value].astype(float).to_numpy()
+        method = s["method"].iloc[0]
+        if s["budget"].isna().all():
+            line, = ax.plot(x, y, linestyle="none", marker="*", markersize=11, color="black", label=label)
+        else:
+            line, = ax.plot(x, y, label=label, **_style(label, method))
+        if value == "average" and "ci_lo" in s and s["ci_lo"].notna().any():
+            ax.errorbar(x, y, yerr=_yerr(s, y), fmt="none", ecolor=line.get_color(), capsize=2, linewidth=0.8)
+        if not bounds(method):
+            points += list(zip(x, y))
+    if points:
+        front = [points[i] for i in pareto_front(points)]
+        fx, fy = zip(*front)
+        ax.step(fx, fy, where="post", color="grey", linewidth=4, alpha=0.35, zorder=0, label="Pareto front")
+        ax.scatter(fx, fy, s=160, facecolors="none", edgecolors="grey", zorder=0)
+    if cost == "bytes_read_per_step":
+        ax.set_xscale("log")
+    elif len(g):
+        _pow2_axis(ax, g[cost].astype(float))
+    ax.set_xlabel(COST_AXES[cost])
+    ax.set_ylabel("average score (0-100)" if value == "average" else "attention-mass coverage of the selection")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if ax.get_lines():
+        ax.legend(fontsize=7)
+    return fig
 
 
 def heatmap_rows(unit: pd.DataFrame) -> list[tuple[str, pd.Series]]:

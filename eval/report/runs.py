@@ -123,6 +123,7 @@ def run_row(m: dict, path: Path) -> dict:
         "latency_ms_per_step": m.get("decode_ms_per_step", m.get("ms_per_step")),
         "device": m.get("device"), "dtype": m.get("dtype"), "seed": m.get("seed"), "run_key": m.get("run_key"),
         "config": _canon(fp),
+        "samples": m.get("samples"),  # {sample id: {"task", "score"}}: what the CIs and paired tests use
     }
     for task, score in m["scores"].items():
         row[f"task:{task}"] = score

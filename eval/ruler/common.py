@@ -72,6 +72,13 @@ def resolve_data_file(kind: str, task: str, data_dir=None, explicit=None, hub_ca
             return fetch_from_hub(kind, name, hub_cache)
         except FileNotFoundError as e:
             where += f"; {e}"
+    if kind == "essay" and hub_cache is not None and explicit is None:  # the offline natural-text haystack
+        from .offline_text import offline_essay_file
+
+        try:
+            return offline_essay_file(Path(hub_cache).parent)
+        except (FileNotFoundError, ValueError) as e:
+            where += f"; {e}"
     raise FileNotFoundError(
         f"RULER task {task} needs {name} ({_DATA_HOWTO[kind]}), but it was not found ({where}). "
         f"Put {name} into a directory and pass benchmark.data_dir=/path/to/that/directory."

@@ -34,7 +34,7 @@ def _niah(task, tokenizer, context_length, num_samples, seed, chat_template, dat
 
     essay = None
     if NIAH_TASKS[task]["needs_essay"]:
-        essay = str(resolve_data_file("essay", task, data_dir, essay_path))
+        essay = str(resolve_data_file("essay", task, data_dir, essay_path, hub_cache))
     return generate_niah_samples(task, tokenizer, context_length, num_samples, seed=seed,
                                  chat_template=chat_template, essay_path=essay)
 

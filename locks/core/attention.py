@@ -114,6 +114,8 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
     if cache.measure_coverage:
         coverage = torch.ones(B, q.shape[1]) if lse is None else torch.exp(lse - dense_lse(q, key, scaling)).cpu()
     diagnostics = sel.diagnostics(lse) if (sel.diagnostics is not None and lse is not None) else None
+    if diagnostics is not None and coverage is not None and hasattr(sel.diagnostics, "soundness"):
+        diagnostics = {**diagnostics, **sel.diagnostics.soundness(lse, coverage)}
     cache.stats.add(stats, L, coverage, diagnostics)
     return out, None
 

@@ -28,11 +28,13 @@ def use_static_decode(requested, cache: SelectorCache, device) -> bool:
 @torch.inference_mode()
 def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_tokens: int,
              eos_token_ids: list[int] | tuple[int, ...] = (), min_new_tokens: int = 0,
-             static_decode=False) -> torch.Tensor:
+             static_decode=False, prefill_logits: torch.Tensor | None = None) -> torch.Tensor:
     """input_ids [B, L] (no padding) -> generated ids [B, <= max_new_tokens], stopping when every row hit an EOS.
 
     Before `min_new_tokens` tokens exist the EOS logits are masked (as transformers' MinLengthLogitsProcessor does).
-    The decode mode used is left in `cache.decode_mode` ("eager", "static" or "cuda_graph").
+    The decode mode used is left in `cache.decode_mode` ("eager", "static" or "cuda_graph"). `prefill_logits`: the
+    prompt is already in `cache` (locks/core/prefill.py: replay_prefill) and these are its last position's logits
+    [B, vocab]; the model's prefill is not run again.
     """
     eos = torch.tensor(list(eos_token_ids), device=input_ids.device, dtype=torch.long)
     static = use_static_decode(static_decode, cache, input_ids.device) and max_new_tokens > 1
@@ -42,10 +44,14 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
             logits = logits.index_fill(-1, eos, float("-inf"))
         return logits.argmax(-1)
 
-    cache.phase = "prefill"
-    cache.max_new_tokens = int(max_new_tokens)
-    logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
-    token = pick(logits[:, -1], 0)
+    if prefill_logits is None:
+        cache.phase = "prefill"
+        cache.max_new_tokens = int(max_new_tokens)
+        logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
+        prefill_logits = logits[:, -1]
+    elif cache.get_seq_length() != input_ids.shape[1]:
+        raise ValueError(f"the cache holds {cache.get_seq_length()} tokens, the prompt {input_ids.shape[1]}")
+    token = pick(prefill_logits, 0)
     out = [token]
     finished = torch.isin(token, eos)
     position = input_ids.shape[1]

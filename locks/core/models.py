@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -47,15 +48,58 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
+def _load_gguf(cfg, dtype: torch.dtype, attn: str):
+    """The embedded GGUF model. Dequantizing it takes most of a run's start-up (about 17 s of 22 on 2 CPU cores),
+    so the dequantized weights and the tokenizer are saved once to `model.cache_dir` (keyed by the GGUF file, its
+    size and time, the dtype and the transformers version) and loaded from there next time: the same tensors, in a
+    second or two. cache_dir null: always dequantize."""
+    import shutil
+    import tempfile
+
+    import transformers
+
+    path = smollm2_gguf_path()
+    cache_dir = cfg.get("cache_dir") if hasattr(cfg, "get") else None
+    if cache_dir:
+        st = path.stat()
+        key = f"{path.stem}-{st.st_size}-{int(st.st_mtime)}-{str(dtype).replace('torch.', '')}-tf{transformers.__version__}"
+        cached = Path(os.path.expanduser(str(cache_dir))) / key
+        if (cached / "config.json").exists():
+            model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn)
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+            tokenizer.name_or_path = str(path.parent)  # what runs record (and RULER's sample cache keys on)
+            return model, tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                 attn_implementation=attn)
+    if cache_dir:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
+        try:  # written aside, then renamed: a concurrent or killed run never sees half a checkpoint
+            import copy
+
+            from safetensors.torch import save_model
+
+            config = copy.deepcopy(model.config)  # the dequantized weights carry no quantization
+            if hasattr(config, "quantization_config"):
+                del config.quantization_config
+            config.save_pretrained(tmp)
+            if model.generation_config is not None:
+                model.generation_config.save_pretrained(tmp)
+            save_model(model, str(tmp / "model.safetensors"))  # tied embeddings stored once
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, cached)
+        except OSError:  # another process renamed its copy first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return model, tokenizer
+
+
 def load_model(cfg) -> LoadedModel:
     """cfg: the `model` config group (source: gguf_package | random | pretrained)."""
     attn = register_attention()
     device, dtype = default_device_dtype()
     if cfg.source == "gguf_package":
-        path = smollm2_gguf_path()
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                     attn_implementation=attn)
+        model, tokenizer = _load_gguf(cfg, dtype, attn)
     elif cfg.source == "random":
         torch.manual_seed(cfg.seed)
         config = LlamaConfig(**cfg.config, attn_implementation=attn)

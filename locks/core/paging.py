@@ -125,6 +125,9 @@ class PagePlan:
         return len(self.forced) * page_size + self.tail
 
 
+SOUNDNESS_TOL = 1e-5
+
+
 class CoverageCertificate:
     """A page selector's Selection.diagnostics: called with the attended set's lse [B, Hq] it returns the summed
     per-head bounds {name: (sum, count)}; `per_head(lse)` gives the bounds themselves ({name: [B, Hq]})."""
@@ -134,6 +137,12 @@ class CoverageCertificate:
 
     def __call__(self, lse_sel: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
         return {name: (b.sum(), torch.tensor(float(b.numel()))) for name, b in self.per_head(lse_sel).items()}
+
+    def soundness(self, lse_sel: Tensor, coverage: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+        """`certificate_sound`: how many query heads' certificates are <= their measured coverage [B, Hq] (within
+        SOUNDNESS_TOL, the fp32 rounding of both sides), out of how many: its mean is the soundness rate."""
+        ok = self.per_head(lse_sel)["certificate"].detach().double().cpu() <= coverage.double() + SOUNDNESS_TOL
+        return {"certificate_sound": (ok.sum().double(), torch.tensor(float(ok.numel())))}
 
 
 class PageSelector(Selector):

@@ -57,6 +57,12 @@ def plot_style(name: str) -> dict:
     return dict(cls.plot_style) if cls is not None else {}
 
 
+def bounds(name: str) -> str:
+    """What a registered upper-bound reference bounds (its `bounds`); "" for an implementable method."""
+    cls = discover().get(name)
+    return cls.bounds if cls is not None else ""
+
+
 def report_order(name: str) -> int:
     """Rank of a method in tables and legends (its `report_order`; unknown methods last)."""
     cls = discover().get(name)

@@ -131,6 +131,9 @@ class Selector(ABC):
     display_name: ClassVar[str] = ""  # how tables and figures name the method (default: name)
     plot_style: ClassVar[dict] = {}  # matplotlib keyword arguments of its line in figures (marker, linestyle, ...)
     report_order: ClassVar[int] = 100  # rank of its rows in tables and legends
+    # non-empty: an accuracy reference (it reads every key to choose), the upper bound of the selectors named here;
+    # reports compare every method with the best such bound and leave it off the Pareto front
+    bounds: ClassVar[str] = ""
     diagnostic_names: ClassVar[tuple[str, ...]] = ()  # the names its Selection.diagnostics report
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair"):
@@ -146,6 +149,11 @@ class Selector(ABC):
 
     def prefill(self, ctx: PrefillContext) -> None:
         """Build per-layer state from the prompt. Default: nothing."""
+
+    def prefill_queries(self) -> int | None:
+        """How many trailing prompt query positions `prefill` reads from ctx.queries (None: all of them). A sweep
+        that prefills once for several methods keeps only these (locks/core/prefill.py). Default: none."""
+        return 0
 
     def append(self, keys: Tensor, values: Tensor) -> None:
         """The cache grew; `keys`/`values` are the whole cached [B, Hkv, L, d]. Default: nothing."""

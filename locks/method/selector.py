@@ -26,7 +26,7 @@ from locks.method.summaries import (
 class LocksSelector(PageSelector):
     name = "locks"
     display_name = "LOCKS"
-    report_order = 2
+    report_order = 3
 
     def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=64, sink_pages=1,
                  aggregation="norm", quant="int"):

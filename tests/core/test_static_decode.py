@@ -74,10 +74,13 @@ def test_static_decode_matches_eager(tiny, method, budget, options):
                 "attended_tokens_per_step", "forced_tokens_per_step", "context_tokens_per_step"):
         assert b[key] == pytest.approx(a[key], rel=1e-12), key
     assert (b["coverage"] is None) if a["coverage"] is None else b["coverage"] == pytest.approx(a["coverage"], rel=1e-5)
-    # the method's diagnostics (LOCKS: the per-step coverage certificate) by name, eager = static
-    assert set(a["diagnostics"]) == set(b["diagnostics"]) == set(MethodSpec(method, budget).selector_class()
-                                                                  .diagnostic_names if method == "locks" else ())
-    for name, value in a["diagnostics"].items():
+    # the method's diagnostics (LOCKS: the per-step coverage certificate) by name, eager = static; the eager path
+    # also checks each certificate against the measured coverage (certificate_sound, eager only)
+    names = set(MethodSpec(method, budget).selector_class().diagnostic_names if method == "locks" else ())
+    assert set(b["diagnostics"]) == names and set(a["diagnostics"]) == names | ({"certificate_sound"} & set(a["diagnostics"]))
+    if method == "locks":
+        assert a["diagnostics"]["certificate_sound"] == 1.0
+    for name, value in b["diagnostics"].items():
         assert b["diagnostics"][name] == pytest.approx(value, rel=1e-5), name
     if method != "fullkv":  # the budget is really selecting here
         assert a["attended_tokens_per_step"] < a["context_tokens_per_step"] and a["coverage"] < 1

@@ -1,5 +1,5 @@
 """eval/report/ and paper_figs/: tables and figures from fixture results written in the real metrics.json schema
-(a copy of results/ruler_4k/locks_b128.json with method, budget and scores varied), checked through the DataFrames,
+(tests/fixtures/report/metrics_template.json, a run of the RULER suite, with method, budget and scores varied), checked through the DataFrames,
 the written files and the matplotlib objects; and paper_figs/make_all.py on the committed results/."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 from eval import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = json.loads((ROOT / "results" / "ruler_4k" / "locks_b128.json").read_text())
+TEMPLATE = json.loads((ROOT / "tests" / "fixtures" / "report" / "metrics_template.json").read_text())
 TASKS = list(TEMPLATE["scores"])
 BUDGETS = [64, 128, 2048]
 
@@ -103,7 +103,7 @@ def test_collect_one_row_per_run(results):
 def test_score_pivot_rows_columns_and_samples(results):
     unit = unit_of(report.load_runs([results], progress=False))
     piv = report.score_pivot(unit)
-    assert list(piv.index) == ["FullKV", "Oracle", "LOCKS", "Quest"]  # FullKV and Oracle first
+    assert list(piv.index) == ["FullKV", "Oracle: pages/KV head", "LOCKS", "Quest"]  # FullKV and Oracle first
     assert list(piv.columns) == ["64", "128", "2048", "n"]
     assert piv.loc["FullKV", ["64", "128", "2048"]].tolist() == [36.67] * 3  # one run, every budget column
     assert piv.loc["LOCKS", "2048"] == pytest.approx(sum(score("locks", 2048)) / 3, abs=0.01)
@@ -111,8 +111,8 @@ def test_score_pivot_rows_columns_and_samples(results):
     assert piv["n"].tolist() == [30, 30, 30, 15]
     by_budget = report.task_tables(unit)
     assert list(by_budget) == BUDGETS
-    assert list(by_budget[128].index) == ["FullKV", "Oracle", "LOCKS", "Quest"]
-    assert list(by_budget[64].index) == ["FullKV", "Oracle", "LOCKS"]
+    assert list(by_budget[128].index) == ["FullKV", "Oracle: pages/KV head", "LOCKS", "Quest"]
+    assert list(by_budget[64].index) == ["FullKV", "Oracle: pages/KV head", "LOCKS"]
     assert list(by_budget[128].columns) == TASKS + ["average", "n"]
 
 
@@ -130,7 +130,7 @@ def test_report_files_tables_and_groups(results, tmp_path, capsys):
         assert (d / f"{fig}.png").read_bytes()[:4] == b"\x89PNG" and (d / f"{fig}.pdf").read_bytes()[:4] == b"%PDF"
     assert not (out / "latency_vs_context.png").exists()
     csv = pd.read_csv(d / "scores.csv", index_col="method")
-    assert list(csv.index) == ["FullKV", "Oracle", "LOCKS", "Quest"] and list(csv.columns) == ["64", "128", "2048", "n"]
+    assert list(csv.index) == ["FullKV", "Oracle: pages/KV head", "LOCKS", "Quest"] and list(csv.columns) == ["64", "128", "2048", "n"]
     md = (d / "scores.md").read_text()
     assert "| method | b=64 | b=128 | b=2048 | n |" in md and "| FullKV† | 36.67 | 36.67 | 36.67 | 30 |" in md
     assert "† FullKV attends every cached token" in md and "### budget 2048: score per task" in md
@@ -138,7 +138,7 @@ def test_report_files_tables_and_groups(results, tmp_path, capsys):
     assert r"\toprule" in tex and r"FullKV$^\dagger$ & 36.67 & 36.67 & 36.67 & 30 \\" in tex
     assert r"niah\_single\_1" in tex
     eff = pd.read_csv(d / "efficiency.csv")
-    assert eff["method"].tolist()[:4] == ["FullKV", "Oracle", "Oracle", "Oracle"]
+    assert eff["method"].tolist()[:4] == ["FullKV", "Oracle: pages/KV head", "Oracle: pages/KV head", "Oracle: pages/KV head"]
     assert eff.loc[eff["method"] == "FullKV", "bytes vs FullKV"].tolist() == [1.0]
     assert len(pd.read_csv(out / "runs.csv")) == 10
     assert pd.read_csv(out / "ruler_tiny" / "scores.csv", index_col="method").index.tolist() == ["FullKV", "LOCKS"]
@@ -192,14 +192,14 @@ def test_score_vs_budget_figure(results):
     assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
     assert ax.get_xlabel() == "token budget (log2 scale)" and ax.get_ylabel() == "average score (0-100)"
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
-    assert list(lines) == ["FullKV", "Oracle", "LOCKS", "Quest"]  # one line per method
+    assert list(lines) == ["FullKV", "Oracle: pages/KV head", "LOCKS", "Quest"]  # one line per method
     assert list(lines["FullKV"].get_ydata()) == [36.67, 36.67]  # the horizontal FullKV line (axhline)
     assert list(lines["FullKV"].get_xdata()) == [0, 1]
-    assert lines["Oracle"].get_linestyle() == "--" and lines["LOCKS"].get_linestyle() == "-"
+    assert lines["Oracle: pages/KV head"].get_linestyle() == "--" and lines["LOCKS"].get_linestyle() == "-"
     assert list(lines["LOCKS"].get_xdata()) == BUDGETS
     assert list(lines["LOCKS"].get_ydata()) == pytest.approx([sum(score("locks", b)) / 3 for b in BUDGETS], abs=0.01)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "128", "2048"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FullKV", "Oracle", "LOCKS", "Quest"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["FullKV", "Oracle: pages/KV head", "LOCKS", "Quest"]
     plt.close(fig)
     fig = report.plot_coverage_vs_budget(unit)
     ax = fig.axes[0]
@@ -214,7 +214,7 @@ def test_task_heatmap_figure(results):
     unit = unit_of(report.load_runs([results], progress=False))
     fig = report.plot_task_heatmap(unit)
     ax = fig.axes[0]
-    rows = ["FullKV"] + [f"Oracle b={b}" for b in BUDGETS] + [f"LOCKS b={b}" for b in BUDGETS] + ["Quest b=128"]
+    rows = ["FullKV"] + [f"Oracle: pages/KV head b={b}" for b in BUDGETS] + [f"LOCKS b={b}" for b in BUDGETS] + ["Quest b=128"]
     assert [t.get_text() for t in ax.get_yticklabels()] == rows
     assert [t.get_text() for t in ax.get_xticklabels()] == TASKS
     data = ax.get_images()[0].get_array()
@@ -337,25 +337,24 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
                     m["method"]["budget"] = m["budget"] = None if b is None else {64: 512, 2048: 2048}[b]
                 write(res / f"{bench}_{model}" / f"{method}_{b}", "metrics.json", m)
     for method in ("fullkv", "locks"):
-        write(res / "ruler_4k", f"{method}.json", metrics(method, None if method == "fullkv" else 128, [1.0, 2, 3]))
-    write(res / "ruler_4k_sweep" / "x", "metrics.json", metrics("locks", 128, [4.0, 5.0, 6.0]))
+        write(res / "ruler_embedded", f"{method}.json",
+              metrics(method, None if method == "fullkv" else 128, [4.0, 5.0, 6.0] if method == "locks" else [1.0, 2, 3]))
     latency_records(res / "gpu" / "bench_decode.jsonl")
     e2e_records(res / "gpu" / "e2e.jsonl")
     out = tmp_path / "out"
     assert make_all.main(["--results", str(res), "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "skipped, missing" not in text
-    assert "ruler_4k/locks.json superseded by" in text and "ruler_4k_sweep/x/metrics.json" in text
     names = {p.name for p in out.iterdir()}
     assert {"infinitebench_scores.md", "infinitebench_scores.tex", "longbench_curve.png", "longbench_curve.pdf",
             "latency_speedup.png", "latency_vs_context.pdf", "latency_table.md", "bytes_per_step.png",
             "bytes_per_step.md", "ruler_embedded_scores.md", "ruler_embedded_score_vs_budget.png",
-            "e2e_speedup.png", "e2e_table.md"} <= names
+            "ruler_embedded_statistics.md", "e2e_speedup.png", "e2e_table.md", "claims.md", "claims.csv"} <= names
     ib = pd.read_csv(out / "infinitebench_scores.csv", index_col="method")
-    assert list(ib.index) == ["FullKV", "Oracle", "LOCKS"] and list(ib.columns) == ["512", "2048", "n"]
+    assert list(ib.index) == ["FullKV", "Oracle: pages/KV head", "LOCKS"] and list(ib.columns) == ["512", "2048", "n"]
     assert "longbench_curve: no runs at budget(s) [128, 256, 512, 1024]" in text
     ruler = pd.read_csv(out / "ruler_embedded_scores.csv", index_col="method")
-    assert ruler.loc["LOCKS", "128"] == 5.0  # the sweep's run replaced ruler_4k's
+    assert ruler.loc["LOCKS", "128"] == 5.0
 
 
 def test_make_all_on_committed_results(tmp_path):
@@ -367,10 +366,15 @@ def test_make_all_on_committed_results(tmp_path):
     for name in ("ruler_embedded_scores.md", "ruler_embedded_scores.tex", "ruler_embedded_scores.csv",
                  "ruler_embedded_score_vs_budget.png", "ruler_embedded_score_vs_budget.pdf",
                  "ruler_embedded_coverage_vs_budget.png", "ruler_embedded_task_heatmap.png",
-                 "ruler_embedded_efficiency.md"):
+                 "ruler_embedded_efficiency.md", "ruler_embedded_statistics.md", "ruler_embedded_score_vs_bytes.png",
+                 "claims.md"):
         assert (out / name).stat().st_size > 0, name
     piv = pd.read_csv(out / "ruler_embedded_scores.csv", index_col="method")
-    assert {"FullKV", "Oracle", "LOCKS"} <= set(piv.index) and {"128", "2048", "n"} <= set(piv.columns)
+    assert {"FullKV", "Oracle: pages/KV head", "Oracle: tokens/query head", "LOCKS", "Quest", "ShadowKV", "RocketKV",
+            "LRQK"} <= set(piv.index) and {"64", "128", "256", "512", "n"} <= set(piv.columns)
+    claims = pd.read_csv(out / "claims.csv")
+    unmeasured = claims[(claims["verdict"] == "not measured") & ~claims["claim"].str.contains("speedup")]
+    assert list(unmeasured["claim"]) == ["LRQK collapses at budget 64"]  # its lite tokens fill that budget: no run
     for script in ("infinitebench_table", "longbench_curve", "latency_speedup", "bytes_per_step", "e2e_decode"):
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{script}:")]
         if not (ROOT / "results" / {"infinitebench_table": "infinitebench_glm4_9b_chat_1m",

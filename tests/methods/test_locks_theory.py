@@ -84,6 +84,8 @@ def test_certificate_is_a_lower_bound_on_true_coverage_every_step_and_head(quant
         cert = sel.diagnostics.per_head(lse)
         true_cov = torch.exp(lse - dense_lse(q, keys[:, :, :length], SCALE))
         assert torch.all(cert["certificate"] <= true_cov + 1e-6)
+        sound, count = sel.diagnostics.soundness(lse, true_cov)["certificate_sound"]  # what decoding logs
+        assert float(sound) == float(count) == B * Hq
         assert torch.all((cert["plugin_coverage"] > 0) & (cert["plugin_coverage"] <= 1 + 1e-6))
 
 

@@ -1,0 +1,37 @@
+"""Token Oracle: every query head attends its own exact top-`budget` tokens by attention weight.
+
+For query head g at a step with keys K, the attention weights are softmax_i(s q_g . k_i), so the `budget` tokens of
+largest logit carry the largest attention mass any `budget` tokens can: coverage_g(top-n) >= coverage_g(T) for
+every set T of n tokens. This makes it the upper bound, at equal attended tokens per query head, for every selector.
+That includes per-query-head token selectors (RocketKV, LRQK, Quest with gqa=per_head), which the page Oracle
+(baselines/oracle.py, one page set per KV head) does not bound. It reads every key to choose, which its metadata
+bytes say: an accuracy reference, not an efficient method. Nothing is forced, and `fair` and `paper` are the same
+(budget tokens per query head). A KV head reads the union of its G heads' sets (docs/methods/oracle.md).
+"""
+import torch
+
+from locks.core.registry import register
+from locks.core.selector import Selection, Selector
+
+
+@register
+class TokenOracleSelector(Selector):
+    name = "oracle_token"
+    display_name = "Oracle: tokens/query head"
+    report_order = 2
+    bounds = "every selector at equal attended tokens per query head, incl. per-head token selection (RocketKV, LRQK)"
+    plot_style = {"linestyle": ":", "marker": "D"}
+
+    def select(self, query, keys, values) -> Selection:
+        B, Hkv, L, d = keys.shape
+        if self.budget >= L:
+            return Selection.all_tokens()
+        G = query.shape[1] // Hkv
+        logits = torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, G, d).float(), keys.float())
+        top = torch.topk(logits, self.budget, dim=-1).indices.sort(dim=-1).values  # [B, Hkv, G, budget]
+        info = self.info
+        return Selection(indices=top, valid=torch.ones_like(top, dtype=torch.bool),
+                         metadata_bytes=float(L * info.head_dim * info.kv_element_bytes * Hkv))
+
+    def static_decode_error(self):
+        return "oracle_token: an accuracy reference with no static (CUDA-graph) decode path (it reads all keys anyway)"

@@ -1,0 +1,1 @@
+"""The grouped launchers of the LOCKS harness (grouped_launcher.py)."""

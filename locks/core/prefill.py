@@ -1,0 +1,124 @@
+"""One dense prefill shared by several methods (docs/architecture.md, "Sweeps that prefill once").
+
+Every method prefills densely; selectors act only at decode. So the prompt's K/V, the queries a selector reads,
+the positions and the first generated token are the same for every method and budget. `capture_prefill` runs the
+model's prefill once and keeps, per layer, what `Selector.prefill` is given: post-RoPE K/V, the trailing query
+positions the group's selectors declared (`Selector.prefill_queries`) and the positions. It also keeps the last
+position's logits. `replay_prefill` then builds a method's `SelectorCache` from that capture. Each layer's K/V are
+copied once into the cache's own buffer, preallocated for the whole generation, so the decode appends without
+regrowing. The selector's prefill gets the same context it would have got from the model, and the caller decodes
+from the captured logits. The prompt is copied once per method: O(prompt) bytes, against a prefill's O(prompt x
+model). A copy-on-write view would either concatenate the prompt with every step's new token or need split-cache
+kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from locks.core.cache import SelectorCache
+from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
+
+
+@dataclass
+class LayerPrefill:
+    keys: Tensor  # [B, Hkv, L, d] post-RoPE
+    values: Tensor  # [B, Hkv, L, d]
+    queries: Tensor  # [B, Hq, n, d] the last n prompt queries (n = the group's largest prefill_queries)
+    positions: Tensor  # [B, L]
+
+
+@dataclass
+class PrefillCapture:
+    """What one dense prefill leaves for the selectors: per layer K/V, trailing queries and positions, and the
+    logits of the last prompt position."""
+
+    layers: list[LayerPrefill]
+    logits: Tensor  # [B, vocab] in the model's dtype
+    prompt_len: int
+    max_new_tokens: int
+    query_positions: int | None  # trailing query positions kept per layer (None: all)
+
+    @property
+    def nbytes(self) -> int:
+        return self.logits.nbytes + sum(t.nbytes for la in self.layers for t in (la.keys, la.values, la.queries,
+                                                                                   la.positions))
+
+
+class _Recorder(Selector):
+    """Keeps its layer's prefill context (the capture's selector; never registered)."""
+
+    name = "prefill_capture"
+    uses_budget = False
+
+    def __init__(self, info: LayerInfo, query_positions: int | None):
+        super().__init__(info, budget=1)
+        self.query_positions = query_positions
+        self.captured: LayerPrefill | None = None
+
+    def prefill(self, ctx: PrefillContext) -> None:
+        L = ctx.queries.shape[2]
+        n = L if self.query_positions is None else min(L, self.query_positions)
+        self.captured = LayerPrefill(ctx.keys.clone(), ctx.values.clone(), ctx.queries[:, :, L - n:].clone(),
+                                     ctx.positions.clone())
+
+    def select(self, query, keys, values) -> Selection:
+        return Selection.all_tokens()
+
+
+class _RecordingSpec:
+    """What SelectorCache needs of a method: a backend and one selector per layer."""
+
+    backend = "torch"
+
+    def __init__(self, query_positions: int | None):
+        self.query_positions = query_positions
+
+    def build(self, info: LayerInfo) -> Selector:
+        return _Recorder(info, self.query_positions)
+
+
+def query_positions_needed(selectors: list[Selector]) -> int | None:
+    """The most trailing prompt query positions any of these selectors reads at prefill (None: all of them)."""
+    needs = [s.prefill_queries() for s in selectors]
+    return None if any(n is None for n in needs) else max(needs, default=0)
+
+
+@torch.inference_mode()
+def capture_prefill(model, input_ids: Tensor, max_new_tokens: int, query_positions: int | None) -> PrefillCapture:
+    """Run the dense prefill of `input_ids` [B, L] once and keep what every selector's prefill is given."""
+    cache = SelectorCache(model, _RecordingSpec(query_positions))
+    cache.phase = "prefill"
+    cache.max_new_tokens = int(max_new_tokens)
+    logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
+    layers = [layer.selector.captured for layer in cache.layers]
+    return PrefillCapture(layers, logits[:, -1].clone(), int(input_ids.shape[1]), int(max_new_tokens),
+                          query_positions)
+
+
+@torch.inference_mode()
+def replay_prefill(cache: SelectorCache, capture: PrefillCapture) -> Tensor:
+    """Bring `cache` (a fresh SelectorCache of some method) to the state a prefill of the captured prompt leaves:
+    every layer's K/V in its own buffer (preallocated for the prompt and the generation), every selector's prefill
+    run on the captured context. Returns the last prompt position's logits [B, vocab]."""
+    cache.phase = "prefill"
+    cache.max_new_tokens = capture.max_new_tokens
+    for layer, info, captured in zip(cache.layers, cache.infos, capture.layers):
+        layer.lazy_initialization(captured.keys, captured.values)
+        layer._grow(capture.prompt_len + capture.max_new_tokens)
+        keys, values = layer.update(captured.keys, captured.values)
+        needed = layer.selector.prefill_queries()
+        queries = captured.queries
+        if needed is not None and needed < queries.shape[2]:
+            queries = queries[:, :, queries.shape[2] - needed:]
+        if needed is None and capture.query_positions is not None:
+            raise ValueError(f"{layer.selector.name} reads every prompt query at prefill, but the capture kept "
+                             f"only the last {capture.query_positions}")
+        k, v, positions = keys.detach(), values.detach(), captured.positions
+        layer.selector.prefill(PrefillContext(
+            keys=k, values=v, queries=queries, positions=positions,
+            pre_rope_keys=lambda k=k, positions=positions: cache.unrotate(k, positions),
+            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length, rotate=cache.rotate))
+    return capture.logits

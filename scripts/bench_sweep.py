@@ -1,0 +1,135 @@
+"""Sweep benchmark: the same sweep run job by job (Hydra's basic launcher: each job loads the model, reads its
+samples and prefills every sample on its own) and grouped (hydra/launcher=
+grouped: one process, one model load and one prefill per sample for all methods and budgets), on this machine, in
+one run. It records wall times, model loads, prefills, the per-job start-up split (interpreter and imports, model
+load, sample generation), and checks that both ways write identical predictions.jsonl files (every field but
+`seconds`).
+
+    python scripts/bench_sweep.py --out results/bench_sweep.json                 # every method x 64,128,256,512
+    python scripts/bench_sweep.py --num-samples 1 --methods locks,quest --budgets 64,128
+
+A cell that a method rejects (LRQK at budget 64: its 64 lite tokens leave no top-k) is left out of both ways: the
+per-job way runs one command per block of methods that share their valid budgets, the grouped way one command with
+hydra.launcher.skip_invalid=true.
+
+The sweep is the default run (conf/config.yaml: the embedded model, the default RULER tasks and context length)
+with `benchmark.num_samples` = --num-samples; the model cache (model.cache_dir) is warmed first, so neither way
+pays the GGUF dequantization, and RULER's generated samples come from its cache in both.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None):
+    from locks.core.registry import discover, report_order
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(ROOT / "results" / "bench_sweep.json"))
+    p.add_argument("--methods", default=",".join(sorted(discover(), key=report_order)))
+    p.add_argument("--budgets", default="64,128,256,512")
+    p.add_argument("--num-samples", type=int, default=1, help="benchmark.num_samples (per task)")
+    p.add_argument("--extra", nargs="*", default=[], help="more overrides for both sweeps")
+    p.add_argument("--workdir", default=None, help="where the two sweeps write (default: a temporary directory)")
+    return p.parse_args(argv)
+
+
+def valid_cells(args) -> list[tuple[str, str]]:
+    """The sweep's (methods, budgets) blocks without the cells a method rejects (LRQK at a budget <= its lite
+    tokens): one block per distinct list of valid budgets, as a researcher would split the command."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from eval.runner import check_method
+    from locks.errors import ConfigError
+
+    budgets: dict[str, list[str]] = {}
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for method in args.methods.split(","):
+            for b in args.budgets.split(","):
+                cfg = compose("config", overrides=[f"method={method}", f"budget={b}", *args.extra])
+                try:
+                    check_method(OmegaConf.to_container(cfg, resolve=True))
+                except ConfigError as err:
+                    print(f"bench_sweep: skipped {method} b={b}: {err}", flush=True)
+                    continue
+                budgets.setdefault(method, []).append(b)
+    blocks: dict[str, list[str]] = {}
+    for method, bs in budgets.items():
+        blocks.setdefault(",".join(bs), []).append(method)
+    return [(",".join(ms), bs) for bs, ms in blocks.items()]
+
+
+def sweep(args, work: Path, name: str, launcher: list[str], cells: list[tuple[str, str]]) -> dict:
+    events = work / f"{name}.events.jsonl"
+    env = dict(os.environ, LOCKS_EVENTS=str(events), HF_HUB_OFFLINE="1", WANDB_SILENT="true")
+    start = time.perf_counter()
+    for i, (methods, budgets) in enumerate(cells):
+        cmd = [sys.executable, str(ROOT / "run.py"), "-m", f"method={methods}", f"budget={budgets}",
+               f"benchmark.num_samples={args.num_samples}", "logger=none", f"paths.runs_dir={work / name}",
+               f"hydra.sweep.dir={work / (name + '_sweep') / str(i)}", *launcher, *args.extra]
+        print(f"bench_sweep: {name}: {' '.join(cmd[2:])}", flush=True)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench_sweep: the {name} sweep failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    wall = time.perf_counter() - start
+    log = [json.loads(line) for line in events.read_text().splitlines()]
+
+    def seconds(event):
+        return [e["seconds"] for e in log if e["event"] == event and e.get("seconds") is not None]
+
+    out = dict(wall_s=round(wall, 1), model_loads=len(seconds("model_load")),
+               prefills=sum(e["event"] == "prefill" for e in log), runs=sum(e["event"] == "job_done" for e in log),
+               processes=len({e["pid"] for e in log}))
+    for event, key in (("startup", "startup_s"), ("model_load", "model_load_s"), ("samples", "sample_generation_s")):
+        values = seconds(event)
+        out[key] = dict(median=round(statistics.median(values), 2), total=round(sum(values), 1)) if values else None
+    print(f"bench_sweep: {name}: {out}", flush=True)
+    return out
+
+
+def predictions(runs: Path) -> dict:
+    return {p.name: [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                     for line in (p / "predictions.jsonl").read_text().splitlines()]
+            for p in sorted(runs.iterdir()) if (p / "predictions.jsonl").exists()}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_sweep-"))
+    work.mkdir(parents=True, exist_ok=True)
+    warm = [sys.executable, "-c", "from omegaconf import OmegaConf; from hydra import compose, initialize_config_dir; "
+            f"initialize_config_dir(config_dir='{ROOT / 'conf'}', version_base='1.3'); "
+            f"from locks.core.models import load_model; load_model(compose('config', overrides={args.extra!r}).model)"]
+    subprocess.run(warm, cwd=ROOT, check=True, capture_output=True)  # the model cache: neither sweep dequantizes
+    cells = valid_cells(args)
+    per_job = sweep(args, work, "per_job", [], cells)  # Hydra's basic launcher, one command per block of cells
+    grouped = sweep(args, work, "grouped", ["hydra/launcher=grouped", "hydra.launcher.skip_invalid=true"],
+                    [(args.methods, args.budgets)])
+    a, b = predictions(work / "per_job"), predictions(work / "grouped")
+    identical = a == b and len(a) > 0
+    result = dict(kind="bench_sweep", time=time.strftime("%Y-%m-%d %H:%M:%S"), host=os.uname().nodename,
+                  cpus=os.cpu_count(), methods=args.methods.split(","), budgets=[int(b) for b in args.budgets.split(",")],
+                  num_samples=args.num_samples, extra=args.extra, per_job=per_job, grouped=grouped,
+                  speedup=round(per_job["wall_s"] / grouped["wall_s"], 2), run_directories=len(a),
+                  identical_predictions=identical, argv=sys.argv[1:])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"bench_sweep: {len(a)} runs; per-job {per_job['wall_s']} s ({per_job['model_loads']} model loads, "
+          f"{per_job['prefills']} prefills) vs grouped {grouped['wall_s']} s ({grouped['model_loads']} model load, "
+          f"{grouped['prefills']} prefills): x{result['speedup']}; identical predictions: {identical}; -> {args.out}")
+    return 0 if identical else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Sweep options: cells a method rejects are skipped with their reason (hydra.launcher.skip_invalid), and RULER's
+decode_cap shortens generation without touching the prompt."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from locks.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def job(tmp_path, *overrides):
+    from hydra_plugins.locks_grouped_launcher.grouped_launcher import _job_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["model=tiny_random_llama", "logger=none", f"paths.runs_dir={tmp_path}",
+                                           *overrides], return_hydra_config=True)
+    return _job_config(cfg)
+
+
+def test_skip_invalid_skips_the_cells_a_method_rejects_and_keeps_the_rest(tmp_path):
+    from hydra_plugins.locks_grouped_launcher.grouped_launcher import check_jobs
+
+    # LRQK attends lite_tokens = 64 recent tokens inside the budget: budget 64 leaves no top-k (docs/budgets.md)
+    jobs = [job(tmp_path, "method=lrqk", "budget=64"), job(tmp_path, "method=lrqk", "budget=128"),
+            job(tmp_path, "method=locks", "budget=64")]
+    valid, results = check_jobs(jobs, skip_invalid=True)
+    assert valid == [1, 2]
+    assert results[1] is None and results[2] is None
+    assert results[0]["method"]["name"] == "lrqk" and "lite_tokens" in results[0]["skipped"]
+    with pytest.raises(ConfigError, match="lite_tokens"):
+        check_jobs(jobs, skip_invalid=False)
+
+
+def test_decode_cap_caps_generation_and_leaves_the_prompt(tmp_path):
+    from eval.benchmarks import Ruler
+
+    base = dict(name="ruler", tasks=["niah_single_1"], context_length=1024, num_samples=2, chat_template=True,
+                data_dir=None, essay_path=None, cache_dir=str(tmp_path))
+    from locks.core.models import _embedded_tokenizer
+
+    tokenizer = _embedded_tokenizer()
+    plain = Ruler(OmegaConf.create({**base, "decode_cap": None})).samples(tokenizer, seed=42)
+    capped_bench = Ruler(OmegaConf.create({**base, "decode_cap": 5}))
+    capped = capped_bench.samples(tokenizer, seed=42)
+    assert [s["input"] for s in capped] == [s["input"] for s in plain]
+    assert all(s["max_new_tokens"] == 5 for s in capped) and all(s["max_new_tokens"] == 128 for s in plain)
+    assert capped_bench.run_record(tokenizer)["decode_cap"] == 5
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ConfigError, match="decode_cap"):
+            Ruler(OmegaConf.create({**base, "decode_cap": bad}))
+
+
+def test_collect_runs_copies_finished_runs_by_method_and_budget(tmp_path, capsys):
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import collect_runs
+    finally:
+        sys.path.pop(0)
+
+    def run(name, method, budget, n_pred, n_expected=2):
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        (d / "predictions.jsonl").write_text("".join(json.dumps({"id": f"t/{i}", "task": "t"}) + "\n"
+                                                     for i in range(n_pred)))
+        m = {"method": {"name": method, "budget": budget}, "num_samples": {"t": n_expected}}
+        (d / "metrics.json").write_text(json.dumps(m))
+
+    run("a", "locks", 128, 2)
+    run("b", "fullkv", None, 2)
+    run("c", "quest", 64, 1)  # killed mid-run: metrics.json of an earlier, shorter run is not enough
+    assert collect_runs.main([str(tmp_path / "runs"), str(tmp_path / "out")]) == 1
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fullkv.json", "locks_b128.json"]
+    assert "not finished, not copied: c" in capsys.readouterr().err
