@@ -237,8 +237,21 @@ def test_missing_file_error(ws, tmp_path, task, fname):
             G.generate_samples(task, ws, 4096, 1, data_dir=data_dir)
         msg = str(e.value)
         assert fname in msg and "benchmark.data_dir=" in msg
+    if task == "niah_single_2":  # with a cache the essay tasks fall back to the offline haystack, unless a file was named
+        with pytest.raises(FileNotFoundError, match=fname):
+            G.generate_samples(task, ws, 4096, 1, essay_path=tmp_path / "missing.json", cache_dir=tmp_path / "cache")
+        return
     with pytest.raises(FileNotFoundError):  # also through the cache-key path
         G.generate_samples(task, ws, 4096, 1, data_dir=tmp_path, cache_dir=tmp_path / "cache")
+
+
+def test_essay_tasks_fall_back_to_the_offline_world_english_bible(ws, tmp_path):
+    from eval.ruler.offline_text import FILE_NAME
+
+    s = G.generate_samples("niah_single_2", ws, 2048, 1, data_dir=tmp_path, cache_dir=tmp_path / "cache")
+    bible = (tmp_path / "cache" / "offline_essay" / FILE_NAME).read_text()
+    assert s[0]["outputs"][0] in s[0]["input"] and "In the beginning" in bible[:2000]
+    assert "In the beginning God created the heavens and the earth." in s[0]["input"]  # the text's first words
 
 
 def test_essay_from_data_dir_and_essay_path(ws, tmp_path):
