@@ -19,6 +19,7 @@ Verdict rules (stated in each row):
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 import pandas as pd
@@ -118,8 +119,9 @@ def bytes_rows() -> list[dict]:
     return out
 
 
-def byte_ceiling(shape: str, context: int) -> float:
-    """FullKV's whole-step bytes / LOCKS's: weights (bf16) + every layer's K/V or LOCKS's reads."""
+@functools.cache
+def weights_and_layers(shape: str) -> tuple[int, int]:
+    """(bf16 weight bytes, layers) of the random-weight model bench/e2e.py builds for a shape (on the meta device)."""
     import torch
 
     from bench.e2e import build_model
@@ -127,8 +129,12 @@ def byte_ceiling(shape: str, context: int) -> float:
 
     kind, overrides = MODELS[shape]
     model = build_model(kind, overrides, torch.device("meta"), torch.bfloat16)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    layers = model.config.num_hidden_layers
+    return sum(p.numel() * p.element_size() for p in model.parameters()), model.config.num_hidden_layers
+
+
+def byte_ceiling(shape: str, context: int) -> float:
+    """FullKV's whole-step bytes / LOCKS's: weights (bf16) + every layer's K/V or LOCKS's reads."""
+    weights, layers = weights_and_layers(shape)
     full, locks = step_bytes(shape, context)
     return (weights + layers * full) / (weights + layers * locks)
 
