@@ -328,26 +328,34 @@ class LRQKSelector(Selector):
         self.q_buf = ctx.queries
         self.state = "collecting"
         if self.length >= max(self.k, self.r):
-            self._factorize(ctx.keys, ctx.values)
+            self._factorize(ctx.keys, ctx.values, ctx)
 
-    def _factorize(self, keys: Tensor, values: Tensor) -> None:
-        """ALS on the collected queries and all l0 = keys.shape[2] keys; hot cache, ring and cold store."""
+    def _factorize(self, keys: Tensor, values: Tensor, ctx: PrefillContext | None = None) -> None:
+        """ALS on the collected queries and all l0 = keys.shape[2] keys; hot cache, ring and cold store. At prefill
+        the factorization does not depend on the budget: the runs of a group that prefills once share it
+        (`ctx.shared`)."""
         B, Hkv, l0, d = keys.shape
         k, n, dt = self.k, self.n, keys.dtype
-        Q = self.q_buf.float()
-        K = self._rep(keys).float()
-        gen = torch.Generator(device=keys.device).manual_seed((self.seed * 1_000_003 + self.info.layer_idx) % 2**63)
-        A_Q, A_K = init_factors(Q, K, self.r, self.init, gen)
+        Hq = Hkv * self.G
         jacobi = self.prefill_order == "official" and (self.lambda_q != 1.0 or self.lambda_k != 1.0)
-        A_Q, B_Q, A_K, B_K = als(Q, K, A_Q, A_K, self.max_iter_prefill, self.tol_prefill,
-                                 self.lambda_q, self.lambda_k, jacobi)
+
+        def factorize():
+            Q = self.q_buf.float()
+            K = self._rep(keys).float()
+            gen = torch.Generator(device=keys.device).manual_seed((self.seed * 1_000_003 + self.info.layer_idx) % 2**63)
+            A_Q, A_K = init_factors(Q, K, self.r, self.init, gen)
+            return als(Q, K, A_Q, A_K, self.max_iter_prefill, self.tol_prefill, self.lambda_q, self.lambda_k, jacobi)
+
+        key = ("lrqk.als", self.r, self.init, self.seed, self.max_iter_prefill, self.tol_prefill, self.lambda_q,
+               self.lambda_k, jacobi)
+        A_Q, B_Q, A_K, B_K = factorize() if ctx is None else ctx.shared(key, factorize)
         self.q_buf = None
         self.B_Q, self.B_K = B_Q.to(dt), B_K.to(dt)
-        self.A_K = torch.zeros(B, K.shape[1], max(int(1.5 * l0), l0 + 1), self.r, dtype=dt, device=keys.device)
+        self.A_K = torch.zeros(B, Hq, max(int(1.5 * l0), l0 + 1), self.r, dtype=dt, device=keys.device)
         self.ak_len = 0
         self._ak_append(A_K, 0)
-        self.Kh = keys.new_zeros(B, K.shape[1], k + n, d)
-        self.Vh = values.new_zeros(B, K.shape[1], k + n, d)
+        self.Kh = keys.new_zeros(B, Hq, k + n, d)
+        self.Vh = values.new_zeros(B, Hq, k + n, d)
         self.store, self.store_len = None, 0
         self.lite_t = torch.full((n,), -1, dtype=torch.long, device=keys.device)
         if l0 > k + n:
@@ -362,7 +370,7 @@ class LRQKSelector(Selector):
             self.lite_t.copy_(torch.arange(l0 - n, l0))
         else:  # k <= l0 <= k + n: every token resident, slots = [0, k), ring = [k, l0)
             self._store_append(keys[:, :, :k], values[:, :, :k])
-            self.slots = torch.arange(k, device=keys.device).expand(B, K.shape[1], k).contiguous()
+            self.slots = torch.arange(k, device=keys.device).expand(B, Hq, k).contiguous()
             self.Kh[:, :, :l0] = self._rep(keys)
             self.Vh[:, :, :l0] = self._rep(values)
             self.lite, self.lite_len = [-1] * n, 0

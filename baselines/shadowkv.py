@@ -146,9 +146,9 @@ class ShadowKVSelector(Selector):
                               f"{self.window + C * self.outliers} or method.budget_mode=paper")
 
         # Low-rank pre-RoPE keys: [Lp, Hkv*d] = U S V^T, fp32 thin SVD; keep U[:, :r] and (S V^T)_r per head.
-        pre = ctx.pre_rope_keys().transpose(1, 2).reshape(B, Lp, H * d).float()
         self.r = min(self.rank, H * d, Lp)
-        U, S, Vh = torch.linalg.svd(pre, full_matrices=False)
+        U, S, Vh = ctx.shared(("shadowkv.svd",), lambda: torch.linalg.svd(
+            ctx.pre_rope_keys().transpose(1, 2).reshape(B, Lp, H * d).float(), full_matrices=False))
         self.U = U[:, :, : self.r].to(self.dtype).contiguous()  # [B, Lp, r]
         sv = S[:, : self.r, None] * Vh[:, : self.r]  # [B, r, Hkv*d]
         self.SV = sv.view(B, self.r, H, d).permute(0, 2, 1, 3).to(self.dtype).contiguous()  # [B, Hkv, r, d]

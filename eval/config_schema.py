@@ -8,6 +8,8 @@ constructor, typed by their defaults (docs/architecture.md). A None default or a
 """
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 from pathlib import Path
 
@@ -81,6 +83,13 @@ def _check(where: str, values: dict, schema: dict, source: str) -> None:
 
 
 def _yaml(path: Path) -> dict:
+    """The config file's keys (a copy: callers edit it), parsed once per version of the file (a sweep checks every
+    job against the same few files)."""
+    return copy.deepcopy(_parsed(path, path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(path: Path, mtime_ns: int) -> dict:
     data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     data.pop("defaults", None)
     return data

@@ -74,6 +74,16 @@ def check_method(config: dict) -> MethodSpec:
     return method
 
 
+def rejected(config: dict) -> str | None:
+    """Why the job's method rejects its parameters (e.g. LRQK at a budget <= its lite_tokens), or None: what a sweep
+    that skips invalid cells (hydra.launcher.skip_invalid, scripts/bench_sweep.py) leaves out."""
+    try:
+        check_method(config)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
 def prepare_job(config: dict, cfg) -> Job:
     """Validate the method's parameters before any expensive work (every layer takes the same arguments) and fix
     the run key and directory. FullKV's budget changes nothing, so it is left out of the key: one run serves a
@@ -242,7 +252,9 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
     out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids,
                    min_new_tokens=int(sample.get("min_new_tokens", 0)),
                    static_decode=config.get("static_decode", False), prefill_logits=logits)
-    seconds = time.perf_counter() - start + prefill_seconds
+    own = time.perf_counter() - start
+    events.record("run_sample", seconds=round(own, 4), shared_prefill=capture is not None)
+    seconds = own + prefill_seconds
     prediction = tok.decode(out[0], skip_special_tokens=True)
     stats = cache.stats.summary()
     return {

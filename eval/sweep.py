@@ -131,7 +131,6 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
             with events.timed("prefill", tokens=int(ids.shape[1]), shared_by=len(jobs)):
                 capture = capture_prefill(loaded.model, ids, int(sample["max_new_tokens"]), positions)
             prefill_seconds = time.perf_counter() - start
-            peak = max(peak, capture.nbytes)
             for job in jobs:
                 if sample_id(sample) not in todo[job.out_dir]:
                     continue
@@ -142,6 +141,7 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
                 rng.save()
                 append_prediction(files[job.out_dir], row)
                 done[job.out_dir].append(row)
+            peak = max(peak, capture.nbytes)  # the capture and its memos, after every run of the sample
             del capture
         for f in files.values():
             f.close()

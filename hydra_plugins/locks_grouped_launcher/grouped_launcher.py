@@ -65,20 +65,17 @@ def check_jobs(jobs: list, skip_invalid: bool) -> tuple[list[int], list]:
     with {"skipped": reason, "method": ...} at each cell its method rejects). Without skip_invalid a rejected cell
     raises its ConfigError."""
     from eval.config_schema import check_config
-    from eval.runner import check_method
-    from locks.errors import ConfigError
+    from eval.runner import check_method, rejected
 
     results: list = [None] * len(jobs)
     valid = []
     for i, (config, cfg, choices) in enumerate(jobs):
         check_config(cfg, choices)
-        try:
-            check_method(config)
-        except ConfigError as err:
-            if not skip_invalid:
-                raise
-            log.warning(f"skipped {config['method']['name']} b={config['method']['budget']}: {err}")
-            results[i] = {"skipped": str(err), "method": config["method"]}
+        if not skip_invalid:
+            check_method(config)  # raises the cell's ConfigError
+        elif (reason := rejected(config)) is not None:
+            log.warning(f"skipped {config['method']['name']} b={config['method']['budget']}: {reason}")
+            results[i] = {"skipped": reason, "method": config["method"]}
             continue
         valid.append(i)
     return valid, results
@@ -114,6 +111,27 @@ class GroupTask(_checkpointable()):
         return run_groups(jobs)
 
 
+class _ComposedOnce:
+    """A config loader that composes each job's config once where Hydra composes it twice: the sweeper composes
+    every job to validate the batch, then the launcher composes each again (0.1 s a job). The first composition
+    is kept and handed, once, to the next caller with the same overrides; every other call composes anew."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.kept: dict = {}
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list) -> DictConfig:
+        key = (id(master_config), tuple(sweep_overrides))
+        if key in self.kept:
+            return self.kept.pop(key)
+        config = self.loader.load_sweep_config(master_config, list(sweep_overrides))
+        self.kept[key] = config
+        return config
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+
 class GroupedLauncher(Launcher):
     def __init__(self, skip_invalid: bool = False, **_: Any) -> None:
         self.config: Optional[DictConfig] = None
@@ -121,6 +139,8 @@ class GroupedLauncher(Launcher):
         self.skip_invalid = bool(skip_invalid)
 
     def setup(self, *, hydra_context, task_function, config: DictConfig) -> None:
+        if not isinstance(hydra_context.config_loader, _ComposedOnce):  # shared with the sweeper (validation)
+            hydra_context.config_loader = _ComposedOnce(hydra_context.config_loader)
         self.config, self.hydra_context = config, hydra_context
 
     def _sweep_configs(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:

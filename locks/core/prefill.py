@@ -9,11 +9,13 @@ copied once into the cache's own buffer, preallocated for the whole generation, 
 regrowing. The selector's prefill gets the same context it would have got from the model, and the caller decodes
 from the captured logits. The prompt is copied once per method: O(prompt) bytes, against a prefill's O(prompt x
 model). A copy-on-write view would either concatenate the prompt with every step's new token or need split-cache
-kernels.
+kernels. Each layer's capture also carries the memo of `PrefillContext.shared`: the budget-independent part of a
+selector's prefill (ShadowKV's SVD, LRQK's factorization, LOCKS's page summaries) runs once per sample for every run
+of the group that asks for it, and each run gets its own copy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -28,6 +30,7 @@ class LayerPrefill:
     values: Tensor  # [B, Hkv, L, d]
     queries: Tensor  # [B, Hq, n, d] the last n prompt queries (n = the group's largest prefill_queries)
     positions: Tensor  # [B, L]
+    memo: dict = field(default_factory=dict)  # PrefillContext.shared: budget-independent prefill work of the runs
 
 
 @dataclass
@@ -43,8 +46,20 @@ class PrefillCapture:
 
     @property
     def nbytes(self) -> int:
-        return self.logits.nbytes + sum(t.nbytes for la in self.layers for t in (la.keys, la.values, la.queries,
-                                                                                   la.positions))
+        """Bytes held: the captured tensors and what the runs' shared prefill work left in the memos."""
+        return self.logits.nbytes + sum(_tensor_bytes((la.keys, la.values, la.queries, la.positions, la.memo))
+                                        for la in self.layers)
+
+
+def _tensor_bytes(obj) -> int:
+    """Bytes of the tensors in a nest of tuples, lists, dicts and dataclass-like objects."""
+    if isinstance(obj, Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (tuple, list)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return sum(_tensor_bytes(v) for v in vars(obj).values()) if hasattr(obj, "__dict__") else 0
 
 
 class _Recorder(Selector):
@@ -120,5 +135,6 @@ def replay_prefill(cache: SelectorCache, capture: PrefillCapture) -> Tensor:
         layer.selector.prefill(PrefillContext(
             keys=k, values=v, queries=queries, positions=positions,
             pre_rope_keys=lambda k=k, positions=positions: cache.unrotate(k, positions),
-            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length, rotate=cache.rotate))
+            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length, rotate=cache.rotate,
+            memo=captured.memo))
     return capture.logits

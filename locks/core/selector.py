@@ -22,10 +22,11 @@ separately in `Selection.forced_tokens`, and metadata traffic in `Selection.meta
 """
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
@@ -67,6 +68,23 @@ class PrefillContext:
     max_new_tokens: int | None = None  # the generation's token limit for this sample (RocketKV sizes its stages by it)
     max_length: int | None = None  # the model's maximum context (max_position_embeddings)
     rotate: Callable[[Tensor, Tensor], Tensor] | None = None  # (pre-RoPE keys [B, Hkv, n, d], positions [B, n]) -> post-RoPE
+    # The runs of a group that prefill once (locks/core/prefill.py) share one memo per sample and layer; None: a run
+    # of its own, nothing is kept.
+    memo: dict | None = None
+
+    def shared(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """compute() of this layer's prompt, run once per sample for every run of a group that prefills once.
+
+        `key` names the computation and every option it reads besides this context (e.g. ("locks.summaries",
+        page_size, rank, quant)): a budget-independent part of a method's prefill (an SVD, a factorization, page
+        summaries) is then computed once for all budgets and methods that ask for it, instead of once per run. Each
+        caller gets its own deep copy (a selector may update its state in place), so a run's result is the same
+        as if it had computed it alone (docs/architecture.md, "Sweeps that prefill once")."""
+        if self.memo is None:
+            return compute()
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return copy.deepcopy(self.memo[key])
 
 
 @dataclass

@@ -49,7 +49,9 @@ class LocksSelector(PageSelector):
     def prefill(self, ctx):
         n = self.page_size
         self.pages_built = ctx.keys.shape[2] // n
-        self.summaries = build_summaries(ctx.keys[:, :, : self.pages_built * n], n, self.rank, self.quant)
+        keys = ctx.keys[:, :, : self.pages_built * n]
+        self.summaries = ctx.shared(("locks.summaries", n, self.rank, self.quant),
+                                    lambda: build_summaries(keys, n, self.rank, self.quant))
 
     def append(self, keys, values):
         n = self.page_size

@@ -150,24 +150,13 @@ def pack_int4(x: Tensor, dim: int = -1, check: bool = True) -> Tensor:
     return packed.movedim(-1, dim)
 
 
-_NIBBLE_PAIRS: dict = {}
-
-
-def _nibble_table(device: torch.device) -> Tensor:
-    """[256, 2] int8: the (low, high) signed nibbles of every byte value (one gather unpacks a whole tensor)."""
-    if device not in _NIBBLE_PAIRS:
-        b = torch.arange(256, dtype=torch.int16)
-        nib = torch.stack((b & 0xF, (b >> 4) & 0xF), dim=-1)
-        _NIBBLE_PAIRS[device] = torch.where(nib >= 8, nib - 16, nib).to(torch.int8).to(device)
-    return _NIBBLE_PAIRS[device]
-
-
 def unpack_int4(p: Tensor, dim: int = -1) -> Tensor:
-    """Inverse of pack_int4: uint8 [..., m, ...] -> int8 [..., 2m, ...] along `dim`."""
+    """Inverse of pack_int4: uint8 [..., m, ...] -> int8 [..., 2m, ...] along `dim`. On the bytes read as int8,
+    the low nibble sign-extended is (x << 4) >> 4 and the high one x >> 4 (arithmetic shifts)."""
     if p.dtype != torch.uint8:
         raise TypeError(f"unpack_int4 expects uint8 (got {p.dtype})")
-    p = p.movedim(dim, -1)
-    nib = _nibble_table(p.device)[p.long()].flatten(-2)
+    x = p.movedim(dim, -1).view(torch.int8)
+    nib = torch.stack(((x << 4) >> 4, x >> 4), dim=-1).flatten(-2)
     return nib.movedim(-1, dim)
 
 

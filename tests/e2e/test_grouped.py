@@ -17,8 +17,9 @@ from locks.core.registry import discover
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["model=tiny_random_llama", "benchmark.context_length=1024", "benchmark.num_samples=2",
         "benchmark.tasks=[niah_single_1,vt]", "logger=none"]
-# every registered method once, LOCKS at a second budget too (two runs of one method in a group)
-JOBS = [(name, 128) for name in sorted(discover())] + [("locks", 256)]
+# every registered method once; the methods that share budget-independent prefill work (PrefillContext.shared) at a
+# second budget too: two runs of one method in a group, the second served from the memo
+JOBS = [(name, 128) for name in sorted(discover())] + [("locks", 256), ("shadowkv", 256), ("lrqk", 256)]
 TIMING = {"seconds", "seconds_per_sample"}
 
 

@@ -1,0 +1,82 @@
+"""One dense prefill for several methods (locks/core/prefill.py): a replayed capture decodes what a prefill of its
+own decodes, and PrefillContext.shared computes a budget-independent part of a selector's prefill once per sample
+for a group's runs, each run getting its own copy."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from locks.core.attention import register_attention
+from locks.core.cache import SelectorCache
+from locks.core.generation import generate
+from locks.core.prefill import capture_prefill, query_positions_needed, replay_prefill
+from locks.core.registry import MethodSpec
+from locks.core.selector import PrefillContext
+from tests.helpers import TINY_LLAMA, default_method_options
+
+SHARING = ("locks", "shadowkv", "lrqk")  # the methods whose prefill asks PrefillContext.shared
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA, attn_implementation="sdpa")).eval()
+    model.set_attn_implementation(register_attention())
+    return model
+
+
+def context(memo):
+    k = torch.zeros(1, 1, 4, 2)
+    return PrefillContext(keys=k, values=k, queries=k, positions=torch.arange(4)[None], pre_rope_keys=lambda: k,
+                          memo=memo)
+
+
+def test_shared_runs_the_computation_once_and_hands_out_copies():
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"u": torch.arange(3.0)}, 7
+
+    alone = context(None)
+    assert alone.shared(("x",), compute)[1] == 7 and alone.shared(("x",), compute)[1] == 7
+    assert len(calls) == 2  # a run of its own keeps nothing
+    calls.clear()
+    memo = {}
+    first, second = context(memo).shared(("x",), compute), context(memo).shared(("x",), compute)
+    assert len(calls) == 1 and torch.equal(first[0]["u"], second[0]["u"])
+    first[0]["u"].add_(100)  # one run updates its state in place: the next one still gets the original
+    assert torch.equal(context(memo).shared(("x",), compute)[0]["u"], torch.arange(3.0))
+    context(memo).shared(("y",), compute)  # another key is another computation
+    assert len(calls) == 2
+
+
+def decode(model, ids, name, budget, capture=None):
+    cache = SelectorCache(model, MethodSpec(name, budget, default_method_options(name) or {}), measure_coverage=True)
+    logits = None if capture is None else replay_prefill(cache, capture)
+    return generate(model, cache, ids, 8, prefill_logits=logits), cache.stats.summary()
+
+
+@pytest.mark.parametrize("name", SHARING)
+def test_budgets_of_one_method_replayed_from_one_capture_match_prefills_of_their_own(tiny, name, monkeypatch):
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 700), generator=torch.Generator().manual_seed(3))
+    budgets = (128, 256)
+    specs = [MethodSpec(name, b, default_method_options(name) or {}) for b in budgets]
+    from locks.core.selector import LayerInfo
+
+    info = LayerInfo(0, TINY_LLAMA["num_attention_heads"], TINY_LLAMA["num_key_value_heads"], 16, 0.25)
+    capture = capture_prefill(tiny, ids, 8, query_positions_needed([s.build(info) for s in specs]))
+    computed = []
+    shared = PrefillContext.shared
+
+    def counting(self, key, compute):
+        return shared(self, key, lambda: computed.append(key) or compute())
+
+    monkeypatch.setattr(PrefillContext, "shared", counting)
+    for budget in budgets:
+        want = decode(tiny, ids, name, budget)
+        got = decode(tiny, ids, name, budget, capture)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1], (name, budget)
+    layers = TINY_LLAMA["num_hidden_layers"]
+    # the separate runs compute theirs (no memo); of the replayed runs only the first computes, once per layer
+    assert len(computed) == len(budgets) * layers + layers
+    assert all(la.memo for la in capture.layers)
