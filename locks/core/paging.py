@@ -133,7 +133,13 @@ class CoverageCertificate:
     per-head bounds {name: (sum, count)}; `per_head(lse)` gives the bounds themselves ({name: [B, Hq]})."""
 
     def __init__(self, per_head):
-        self.per_head = per_head
+        self._per_head = per_head
+        self._last: tuple | None = None  # (lse_sel, its bounds): a step's sums and soundness share one computation
+
+    def per_head(self, lse_sel: Tensor) -> dict[str, Tensor]:
+        if self._last is None or self._last[0] is not lse_sel:
+            self._last = (lse_sel, self._per_head(lse_sel))
+        return self._last[1]
 
     def __call__(self, lse_sel: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
         return {name: (b.sum(), torch.tensor(float(b.numel()))) for name, b in self.per_head(lse_sel).items()}
