@@ -8,6 +8,7 @@ keys to do so, which its bytes report says: it is an accuracy reference, not an 
 import torch
 
 from locks.core.paging import PageSelector, exact_page_lse
+from locks.core.reference import grouped_logits
 from locks.core.registry import register
 
 
@@ -23,10 +24,8 @@ class OracleSelector(PageSelector):
         return exact_page_lse(query, keys[:, :, : num_pages * self.page_size], self.page_size, self.info.scaling)
 
     def forced_log_mass(self, query, keys, forced_tokens):
-        B, Hq, d = query.shape
-        Hkv = keys.shape[1]
-        k = keys[:, :, forced_tokens].float()
-        logits = torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, Hq // Hkv, d).float(), k) * self.info.scaling
+        B, Hq, _ = query.shape
+        logits = grouped_logits(query, keys[:, :, forced_tokens]) * self.info.scaling
         return torch.logsumexp(logits, dim=-1).reshape(B, Hq)
 
     def static_decode_error(self):

@@ -10,6 +10,7 @@ bytes say: an accuracy reference, not an efficient method. Nothing is forced, an
 """
 import torch
 
+from locks.core.reference import grouped_logits
 from locks.core.registry import register
 from locks.core.selector import Selection, Selector
 
@@ -23,11 +24,10 @@ class TokenOracleSelector(Selector):
     plot_style = {"linestyle": ":", "marker": "D"}
 
     def select(self, query, keys, values) -> Selection:
-        B, Hkv, L, d = keys.shape
+        Hkv, L = keys.shape[1], keys.shape[2]
         if self.budget >= L:
             return Selection.all_tokens()
-        G = query.shape[1] // Hkv
-        logits = torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, G, d).float(), keys.float())
+        logits = grouped_logits(query, keys)  # [B, Hkv, G, L]
         top = torch.topk(logits, self.budget, dim=-1).indices.sort(dim=-1).values  # [B, Hkv, G, budget]
         info = self.info
         return Selection(indices=top, valid=torch.ones_like(top, dtype=torch.bool),

@@ -94,7 +94,9 @@ def sweep(args, work: Path, name: str, launcher: list[str], cells: list[tuple[st
                processes=len({e["pid"] for e in log}),
                # each run's own work on its samples: per job its prefill and decode, grouped its replay and decode
                # (what grouping cannot share; the shared prefill is counted once, in prefill_s)
-               run_own_s=round(sum(seconds("run_sample")), 1), prefill_s=round(sum(seconds("prefill")), 1))
+               # (the per-job prefill runs inside each run's own time and is not timed apart: None there)
+               run_own_s=round(sum(seconds("run_sample")), 1),
+               prefill_s=round(sum(timed), 1) if (timed := seconds("prefill")) else None)
     for event, key in (("startup", "startup_s"), ("model_load", "model_load_s"), ("samples", "sample_generation_s")):
         values = seconds(event)
         out[key] = dict(median=round(statistics.median(values), 2), total=round(sum(values), 1)) if values else None

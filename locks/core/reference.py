@@ -56,11 +56,18 @@ def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, s
     return out.reshape(B, Hq, d).to(query.dtype), lse.reshape(B, Hq)
 
 
-def dense_lse(query: Tensor, keys: Tensor, scaling: float, alive: Tensor | None = None) -> Tensor:
-    """logsumexp over all (alive) cached tokens per query head: [B, Hq]."""
+def grouped_logits(query: Tensor, keys: Tensor) -> Tensor:
+    """q_g . k_i in fp32 for query [B, Hq, d] and keys [B, Hkv, L, d] -> [B, Hkv, G, L] (query head g reads KV head
+    g // G; unscaled), without repeating the keys per query head."""
     B, Hq, d = query.shape
     Hkv = keys.shape[1]
-    logits = torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, Hq // Hkv, d).float(), keys.float()) * scaling
+    return torch.einsum("bhgd,bhld->bhgl", query.view(B, Hkv, Hq // Hkv, d).float(), keys.float())
+
+
+def dense_lse(query: Tensor, keys: Tensor, scaling: float, alive: Tensor | None = None) -> Tensor:
+    """logsumexp over all (alive) cached tokens per query head: [B, Hq]."""
+    B, Hq, _ = query.shape
+    logits = grouped_logits(query, keys) * scaling
     if alive is not None:
         logits = logits.masked_fill(~alive[:, :, None, :], float("-inf"))
     return torch.logsumexp(logits, dim=-1).reshape(B, Hq)
