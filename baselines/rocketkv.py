@@ -190,7 +190,9 @@ class RocketKVSelector(Selector):
         keep = max(p.prompt_budget, w)
         device = keys.device
         if L > keep:
-            scores = snapkv_scores(queries[:, :, -w:], keys, w, self.pool_kernel, self.info.scaling)
+            # budget-independent: one scoring per sample for every budget of a group (PrefillContext.shared)
+            scores = ctx.shared(("rocketkv.snapkv", w, self.pool_kernel), lambda: snapkv_scores(
+                queries[:, :, -w:], keys, w, self.pool_kernel, self.info.scaling))
             top = scores.topk(keep - w, dim=-1).indices.sort(dim=-1).values
             kept = torch.cat([top, torch.arange(L - w, L, device=device).expand(B, Hkv, w)], dim=-1)
             self.alive = torch.zeros(B, Hkv, L, dtype=torch.bool, device=device)

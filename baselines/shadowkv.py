@@ -64,6 +64,7 @@ import math
 import torch
 from torch import Tensor
 
+from locks.core.reference import take_rows
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
 from locks.errors import ConfigError
@@ -71,9 +72,15 @@ from locks.errors import ConfigError
 LANDMARK_SCALES = ("official", "head_dim")
 
 
-def _take(x: Tensor, idx: Tensor) -> Tensor:
-    """x [B, H, L, d], idx [B, H, n] -> [B, H, n, d]."""
-    return torch.gather(x, 2, idx.unsqueeze(-1).expand(*idx.shape, x.shape[-1]))
+def chunk_outlier_scores(keys: Tensor, C: int, chunks: int) -> tuple[Tensor, Tensor]:
+    """Landmarks and outlier scores of the first `chunks` chunks of C post-RoPE keys [B, H, L, d] -> (means
+    [B, H, chunks, d] fp32, min_cos [B, H, chunks]): min_cos_c = min_{i in c} cos(k_i, mean_c). Budget-independent."""
+    B, H, _, d = keys.shape
+    k = keys[:, :, : chunks * C].float().view(B, H, chunks, C, d)
+    means = k.mean(dim=3)
+    unit = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    unit_mean = means / means.norm(dim=-1, keepdim=True).clamp_min(1e-8)
+    return means, (unit * unit_mean.unsqueeze(3)).sum(-1).amin(dim=-1)
 
 
 @register
@@ -154,11 +161,7 @@ class ShadowKVSelector(Selector):
         self.SV = sv.view(B, self.r, H, d).permute(0, 2, 1, 3).to(self.dtype).contiguous()  # [B, Hkv, r, d]
 
         # Landmarks = chunk means of post-RoPE keys; outlier score = min over the chunk of cos(k_i, landmark).
-        k = keys[:, :, : chunks * C].float().view(B, H, chunks, C, d)
-        means = k.mean(dim=3)  # [B, H, chunks, d]
-        unit = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-8)
-        unit_mean = means / means.norm(dim=-1, keepdim=True).clamp_min(1e-8)
-        min_cos = (unit * unit_mean.unsqueeze(3)).sum(-1).amin(dim=-1)  # [B, H, chunks]
+        means, min_cos = ctx.shared(("shadowkv.chunks", C, chunks), lambda: chunk_outlier_scores(keys, C, chunks))
         O = self.outliers
         outl = torch.topk(min_cos, O, dim=-1, largest=False).indices.sort(dim=-1).values  # lowest O
         is_outlier = torch.zeros(B, H, chunks, dtype=torch.bool, device=keys.device)
@@ -166,7 +169,7 @@ class ShadowKVSelector(Selector):
         # candidates in ascending chunk order (stable sort keeps the order among non-outliers)
         self.candidates = torch.argsort(is_outlier.to(torch.int8), dim=-1, stable=True)[..., : chunks - O]
         self.outlier_chunks = outl
-        self.landmarks = _take(means, self.candidates).to(self.dtype)  # [B, H, chunks - O, d] (k_landmark)
+        self.landmarks = take_rows(means, self.candidates).to(self.dtype)  # [B, H, chunks - O, d] (k_landmark)
         self.outlier_tokens = self._tokens(outl)
 
         self.hit_rates = []
@@ -220,7 +223,7 @@ class ShadowKVSelector(Selector):
         B, H, m = chunk_ids.shape
         C, d, r = self.chunk_size, self.SV.shape[-1], self.r
         tok = self._tokens(chunk_ids)  # [B, H, m*C]
-        u = _take(self.U.unsqueeze(1).expand(B, H, self.prompt_len, r), tok)  # U-row gather [B, H, m*C, r]
+        u = take_rows(self.U.unsqueeze(1), tok.view(B, 1, H * m * C)).view(B, H, m * C, r)  # U rows [B, H, m*C, r]
         pre = torch.matmul(u.float(), self.SV.float()).to(self.dtype)  # [B, H, m*C, d]
         if self.rotate is None:
             return pre.view(B, H, m, C, d)
@@ -239,8 +242,10 @@ class ShadowKVSelector(Selector):
         if prev.shape[-1] and n:
             eq = chosen.unsqueeze(-1) == prev.unsqueeze(-2)  # [B, H, n, m]
             hit = eq.any(-1)
-            src = eq.int().argmax(-1)[..., None, None].expand(B, H, n, C, d)
-            k_hit, v_hit = torch.gather(self.buf_k, 2, src), torch.gather(self.buf_v, 2, src)
+            src = eq.int().argmax(-1)
+            m = prev.shape[-1]
+            k_hit, v_hit = (take_rows(buf.view(B, H, m, C * d), src).view(B, H, n, C, d)
+                            for buf in (self.buf_k, self.buf_v))
         else:
             hit = torch.zeros(B, H, n, dtype=torch.bool, device=chosen.device)
             k_hit = v_hit = None
@@ -281,15 +286,15 @@ class ShadowKVSelector(Selector):
         else:
             self.buf_chunks = chosen
             k_sel = self._reconstruct(chosen)
-            v_sel = _take(values, self._tokens(chosen)).view(B, H, n_sel, C, d)
+            v_sel = take_rows(values, self._tokens(chosen)).view(B, H, n_sel, C, d)
             misses = torch.full((B, H), float(n_sel * C), device=keys.device)
 
         tail = torch.arange(start, L, device=keys.device).expand(B, H, L - start)
         idx = torch.cat([self.outlier_tokens, self._tokens(chosen), tail], dim=-1)
-        k = torch.cat([_take(keys, self.outlier_tokens), k_sel.view(B, H, -1, d), keys[:, :, start:]], dim=2)
-        v = torch.cat([_take(values, self.outlier_tokens), v_sel.view(B, H, -1, d), values[:, :, start:]], dim=2)
+        k = torch.cat([take_rows(keys, self.outlier_tokens), k_sel.view(B, H, -1, d), keys[:, :, start:]], dim=2)
+        v = torch.cat([take_rows(values, self.outlier_tokens), v_sel.view(B, H, -1, d), values[:, :, start:]], dim=2)
         idx, order = idx.sort(dim=-1, stable=True)
-        k, v = _take(k, order), _take(v, order)
+        k, v = take_rows(k, order), take_rows(v, order)
         valid = torch.ones_like(idx, dtype=torch.bool)
         if self.budget_mode == "fair":  # fixed size min(budget, L): pad with token 0, masked out
             pad = min(self.budget, L) - idx.shape[-1]

@@ -253,7 +253,7 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
                    min_new_tokens=int(sample.get("min_new_tokens", 0)),
                    static_decode=config.get("static_decode", False), prefill_logits=logits)
     own = time.perf_counter() - start
-    events.record("run_sample", seconds=round(own, 4), shared_prefill=capture is not None)
+    events.record("run_sample", seconds=round(own, 4), method=method.name, shared_prefill=capture is not None)
     seconds = own + prefill_seconds
     prediction = tok.decode(out[0], skip_special_tokens=True)
     stats = cache.stats.summary()

@@ -28,6 +28,12 @@ def gather_tokens(x: Tensor, indices: Tensor) -> Tensor:
     return torch.gather(x, 2, flat).view(B, H, Gs, K, d)
 
 
+def take_rows(x: Tensor, idx: Tensor) -> Tensor:
+    """x [B, H, L, c], idx [B, H, n] -> x[b, h, idx[b, h]] [B, H, n, c] (gather_tokens' index_select path when x is
+    a row-major buffer or a prefix of one)."""
+    return gather_tokens(x, idx.unsqueeze(2)).squeeze(2)
+
+
 def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: float) -> tuple[Tensor, Tensor]:
     """Exact attention of one query token over the selected tokens.
 
