@@ -182,10 +182,15 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
     if cache.measure_coverage:
         if sel.dense:
             coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
+            per_head = None
         else:
             alive = (torch.arange(C, device=q.device) < length).expand(B, keys.shape[1], -1)
-            coverage = torch.exp(lse - dense_lse(q, keys, scaling, alive)).sum().to(torch.float64).reshape(1)
+            per_head = torch.exp(lse - dense_lse(q, keys, scaling, alive))  # [B, Hq]
+            coverage = per_head.sum().to(torch.float64).reshape(1)
         cache.static_coverage[layer_idx : layer_idx + 1].add_(coverage)
         if sel.diagnostics is not None and lse is not None:
-            cache.add_static_diagnostics(layer_idx, sel.diagnostics(lse))
+            diagnostics = sel.diagnostics(lse)
+            if hasattr(sel.diagnostics, "soundness"):
+                diagnostics = {**diagnostics, **sel.diagnostics.soundness(lse, per_head)}
+            cache.add_static_diagnostics(layer_idx, diagnostics)
     return out.unsqueeze(1)

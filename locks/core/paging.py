@@ -132,9 +132,15 @@ class CoverageCertificate:
     """A page selector's Selection.diagnostics: called with the attended set's lse [B, Hq] it returns the summed
     per-head bounds {name: (sum, count)}; `per_head(lse)` gives the bounds themselves ({name: [B, Hq]})."""
 
-    def __init__(self, per_head):
+    def __init__(self, per_head, weight: Tensor | None = None):
         self._per_head = per_head
         self._last: tuple | None = None  # (lse_sel, its bounds): a step's sums and soundness share one computation
+        self.weight = weight  # a static step's 0-d device 0/1: 0 while no page is scored (L <= budget), counts nothing
+
+    def _weighted(self, sums: dict) -> dict:
+        if self.weight is None:
+            return sums
+        return {name: (total * self.weight, count * self.weight) for name, (total, count) in sums.items()}
 
     def per_head(self, lse_sel: Tensor) -> dict[str, Tensor]:
         if self._last is None or self._last[0] is not lse_sel:
@@ -142,13 +148,17 @@ class CoverageCertificate:
         return self._last[1]
 
     def __call__(self, lse_sel: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
-        return {name: (b.sum(), torch.tensor(float(b.numel()))) for name, b in self.per_head(lse_sel).items()}
+        # counts made on the bounds' device by a fill (no host copy: a static step may be captured in a CUDA graph)
+        return self._weighted({name: (b.sum(), b.new_full((), float(b.numel())))
+                               for name, b in self.per_head(lse_sel).items()})
 
     def soundness(self, lse_sel: Tensor, coverage: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
         """`certificate_sound`: how many query heads' certificates are <= their measured coverage [B, Hq] (within
-        SOUNDNESS_TOL, the fp32 rounding of both sides), out of how many: its mean is the soundness rate."""
-        ok = self.per_head(lse_sel)["certificate"].detach().double().cpu() <= coverage.double() + SOUNDNESS_TOL
-        return {"certificate_sound": (ok.sum().double(), torch.tensor(float(ok.numel())))}
+        SOUNDNESS_TOL, the fp32 rounding of both sides), out of how many: its mean is the soundness rate. On the
+        bounds' device (the eager step passes the coverage on the host, the static step on the device)."""
+        cert = self.per_head(lse_sel)["certificate"].detach().double()
+        ok = cert <= coverage.to(cert.device).double() + SOUNDNESS_TOL
+        return self._weighted({"certificate_sound": (ok.sum().double(), cert.new_full((), float(ok.numel())))})
 
 
 class PageSelector(Selector):
@@ -158,7 +168,7 @@ class PageSelector(Selector):
     coverage from the score error bounds `score_bounds`, and `plugin_coverage`, the same estimate with the bounds
     set to zero (docs/methods/locks.md)."""
 
-    diagnostic_names = ("certificate", "plugin_coverage")
+    diagnostic_names = ("certificate", "plugin_coverage", "certificate_sound")  # the last with measured coverage
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
                  recent_window: int = 64, sink_pages: int = 1, aggregation: str = "norm"):
@@ -317,18 +327,16 @@ class PageSelector(Selector):
 
     def _static_certificate(self, query: Tensor, scores: Tensor, pages: Tensor, valid: Tensor, length: Tensor):
         """`_certificate` for a static step (lazy: computed only when the step measures coverage): the candidate
-        pages outside the page list bound the missing mass. Returns sums and a count, zero while L <= budget (no
-        page was scored then, as in eager decoding)."""
-        def certify(lse_sel: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+        pages outside the page list bound the missing mass. A CoverageCertificate whose sums and counts are zero while
+        L <= budget (no page was scored then, as in eager decoding)."""
+        def bounds(lse_sel: Tensor) -> dict[str, Tensor]:
             B, Hq, P = scores.shape
             chosen = torch.zeros(B, pages.shape[1], P + 1, dtype=torch.int32, device=scores.device)
             chosen.scatter_reduce_(2, pages.long().clamp(0, P), valid.to(torch.int32), reduce="amax")
             outside = self._static_candidates(length) & (chosen[..., :P] == 0)
-            bounds = self._coverage_bounds(lse_sel, *self._outside_mass(query, scores, outside))
-            scored = (length > self.budget).to(torch.float64).reshape(())
-            return {name: (b.sum() * scored, scored * (B * Hq)) for name, b in bounds.items()}
+            return self._coverage_bounds(lse_sel, *self._outside_mass(query, scores, outside))
 
-        return certify
+        return CoverageCertificate(bounds, weight=(length > self.budget).to(torch.float64).reshape(()))
 
     def static_step_cost(self, length: int) -> tuple[float, float, float]:
         plan = self.plan(length)
