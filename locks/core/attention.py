@@ -182,7 +182,6 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
     if cache.measure_coverage:
         if sel.dense:
             coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
-            per_head = None
         else:
             alive = (torch.arange(C, device=q.device) < length).expand(B, keys.shape[1], -1)
             per_head = torch.exp(lse - dense_lse(q, keys, scaling, alive))  # [B, Hq]

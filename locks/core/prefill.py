@@ -10,8 +10,8 @@ regrowing. The selector's prefill gets the same context it would have got from t
 from the captured logits. The prompt is copied once per method: O(prompt) bytes, against a prefill's O(prompt x
 model). A copy-on-write view would either concatenate the prompt with every step's new token or need split-cache
 kernels. Each layer's capture also carries the memo of `PrefillContext.shared`: the budget-independent part of a
-selector's prefill (ShadowKV's SVD, LRQK's factorization, LOCKS's page summaries) runs once per sample for every run
-of the group that asks for it, and each run gets its own copy.
+selector's prefill (which methods share what: docs/architecture.md) runs once per sample for every run of the group
+that asks for it, and each run gets its own copy.
 """
 from __future__ import annotations
 

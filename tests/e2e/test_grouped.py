@@ -19,7 +19,7 @@ BASE = ["model=tiny_random_llama", "benchmark.context_length=1024", "benchmark.n
         "benchmark.tasks=[niah_single_1,vt]", "logger=none"]
 # every registered method once; the methods that share budget-independent prefill work (PrefillContext.shared) at a
 # second budget too: two runs of one method in a group, the second served from the memo
-JOBS = [(name, 128) for name in sorted(discover())] + [("locks", 256), ("shadowkv", 256), ("lrqk", 256)]
+JOBS = [(name, 128) for name in sorted(discover())] + [(name, 256) for name in ("locks", "shadowkv", "lrqk", "rocketkv")]
 TIMING = {"seconds", "seconds_per_sample"}
 
 
