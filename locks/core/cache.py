@@ -42,6 +42,7 @@ class SelectorLayer(DynamicLayer):
         super().__init__()
         self.selector = selector
         self.length = 0
+        self.reserve = 0  # slots the first update (the prompt) adds for the tokens the generation will append
         self.static_position: Tensor | None = None  # static decode: [1] int64 slot of the token being decoded
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -52,9 +53,15 @@ class SelectorLayer(DynamicLayer):
         self.is_initialized = True
 
     def _grow(self, needed: int, exact: bool = False) -> None:
-        """exact=True (static decode): exactly `needed` slots, zero-filled (masked slots must hold finite values)."""
+        """exact=True (static decode): exactly `needed` slots, those after the cached tokens zero-filled (a static
+        step reads them masked, so they must hold finite values; a buffer that already has `needed` slots, e.g. one
+        shared with a prefill capture, may hold anything there)."""
         capacity = self._k.shape[2]
-        if needed <= capacity and not (exact and needed != capacity):
+        if exact and needed == capacity:
+            self._k[:, :, self.length :].zero_()
+            self._v[:, :, self.length :].zero_()
+            return
+        if needed <= capacity and not exact:
             return
         new_capacity = needed if exact else max(needed, 2 * capacity, 256)
         for name in ("_k", "_v"):
@@ -64,6 +71,17 @@ class SelectorLayer(DynamicLayer):
             buf[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, buf)
 
+    def adopt(self, key_buffer: Tensor, value_buffer: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """Take buffers [B, H, capacity, d] whose first `length` slots hold cached tokens as this layer's own, without
+        a copy (a group's prefill capture: the prompt slots are only read, the later ones are this run's decode
+        slots). -> the cached K/V, as `update` returns them."""
+        self.device = key_buffer.device
+        self._k, self._v = key_buffer, value_buffer
+        self.length = length
+        self.is_initialized = True
+        self.keys, self.values = self._k[:, :, :length], self._v[:, :, :length]
+        return self.keys, self.values
+
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if self.static_position is not None:  # static decode: write the slot named on the device, return all slots
             self._k.index_copy_(2, self.static_position, key_states)
@@ -72,7 +90,7 @@ class SelectorLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
-        self._grow(self.length + n)
+        self._grow(self.length + n + (self.reserve if self.length == 0 else 0))
         self._k[:, :, self.length : self.length + n] = key_states
         self._v[:, :, self.length : self.length + n] = value_states
         self.length += n
@@ -176,7 +194,7 @@ class SelectorCache(Cache):
         self.rotary_emb = model.model.rotary_emb
         self.model_type = getattr(config, "model_type", None)
         self.phase = "prefill"
-        self.max_new_tokens: int | None = None  # set by `generate` before the prefill
+        self.max_new_tokens = None  # set by `generate` before the prefill
         self.max_length = int(getattr(config, "max_position_embeddings", 0)) or None
         self.measure_coverage = measure_coverage
         self.stats = DecodeStats()
@@ -184,6 +202,18 @@ class SelectorCache(Cache):
         # static decode: count on the device the attended tokens the host cannot know (e.g. Quest's per-head union);
         # a benchmark may turn it off to time the selection and attention alone
         self.device_accounting = True
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self._max_new_tokens
+
+    @max_new_tokens.setter
+    def max_new_tokens(self, value: int | None) -> None:
+        """The generation's token limit; set before the prefill, it makes every layer's buffer hold the prompt and
+        the whole generation from the start (a decode step never regrows, i.e. copies, the cache)."""
+        self._max_new_tokens = value
+        for layer in self.layers:
+            layer.reserve = int(value or 0)
 
     # ----- static decode (locks/core/static_decode.py) -------------------------------------------------------------------
 

@@ -4,14 +4,15 @@ Every method prefills densely; selectors act only at decode. So the prompt's K/V
 the positions and the first generated token are the same for every method and budget. `capture_prefill` runs the
 model's prefill once and keeps, per layer, what `Selector.prefill` is given: post-RoPE K/V, the trailing query
 positions the group's selectors declared (`Selector.prefill_queries`) and the positions. It also keeps the last
-position's logits. `replay_prefill` then builds a method's `SelectorCache` from that capture. Each layer's K/V are
-copied once into the cache's own buffer, preallocated for the whole generation, so the decode appends without
-regrowing. The selector's prefill gets the same context it would have got from the model, and the caller decodes
-from the captured logits. The prompt is copied once per method: O(prompt) bytes, against a prefill's O(prompt x
-model). A copy-on-write view would either concatenate the prompt with every step's new token or need split-cache
-kernels. Each layer's capture also carries the memo of `PrefillContext.shared`: the budget-independent part of a
-selector's prefill (which methods share what: docs/architecture.md) runs once per sample for every run of the group
-that asks for it, and each run gets its own copy.
+position's logits. `replay_prefill` then builds a method's `SelectorCache` from that capture. The capture keeps each
+layer's K/V in a buffer with room for the whole generation, and every run's cache takes that buffer over without a
+copy: the prompt slots are only read (no selector writes into the cache; the cache writes only the slot of the token
+it appends), and the slots after them are the run's decode slots. The runs of a group decode one after another, so
+each one owns those slots while it decodes; it writes every slot before reading it, and a static step zeroes them
+first (`SelectorLayer._grow`). No run copies the prompt, and the memory a group holds beyond one run's selector state
+is the capture alone. Each layer's capture also carries the memo of `PrefillContext.shared`: the budget-independent
+part of a selector's prefill (which methods share what: docs/architecture.md) runs once per sample for every run of
+the group that asks for it, and each run gets its own copy.
 """
 from __future__ import annotations
 
@@ -26,11 +27,19 @@ from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
 
 @dataclass
 class LayerPrefill:
-    keys: Tensor  # [B, Hkv, L, d] post-RoPE
-    values: Tensor  # [B, Hkv, L, d]
+    key_buffer: Tensor  # [B, Hkv, L + max_new_tokens, d]: the post-RoPE prompt keys, then the runs' decode slots
+    value_buffer: Tensor  # [B, Hkv, L + max_new_tokens, d]
     queries: Tensor  # [B, Hq, n, d] the last n prompt queries (n = the group's largest prefill_queries)
     positions: Tensor  # [B, L]
     memo: dict = field(default_factory=dict)  # PrefillContext.shared: budget-independent prefill work of the runs
+
+    @property
+    def keys(self) -> Tensor:  # [B, Hkv, L, d]
+        return self.key_buffer[:, :, : self.positions.shape[-1]]
+
+    @property
+    def values(self) -> Tensor:
+        return self.value_buffer[:, :, : self.positions.shape[-1]]
 
 
 @dataclass
@@ -47,8 +56,8 @@ class PrefillCapture:
     @property
     def nbytes(self) -> int:
         """Bytes held: the captured tensors and what the runs' shared prefill work left in the memos."""
-        return self.logits.nbytes + sum(_tensor_bytes((la.keys, la.values, la.queries, la.positions, la.memo))
-                                        for la in self.layers)
+        return self.logits.nbytes + sum(_tensor_bytes((la.key_buffer, la.value_buffer, la.queries, la.positions,
+                                                       la.memo)) for la in self.layers)
 
 
 def _tensor_bytes(obj) -> int:
@@ -63,7 +72,7 @@ def _tensor_bytes(obj) -> int:
 
 
 class _Recorder(Selector):
-    """Keeps its layer's prefill context (the capture's selector; never registered)."""
+    """Keeps its layer's prefill queries and positions (the capture's selector; never registered)."""
 
     name = "prefill_capture"
     uses_budget = False
@@ -71,13 +80,13 @@ class _Recorder(Selector):
     def __init__(self, info: LayerInfo, query_positions: int | None):
         super().__init__(info, budget=1)
         self.query_positions = query_positions
-        self.captured: LayerPrefill | None = None
+        self.queries: Tensor | None = None
+        self.positions: Tensor | None = None
 
     def prefill(self, ctx: PrefillContext) -> None:
         L = ctx.queries.shape[2]
         n = L if self.query_positions is None else min(L, self.query_positions)
-        self.captured = LayerPrefill(ctx.keys.clone(), ctx.values.clone(), ctx.queries[:, :, L - n:].clone(),
-                                     ctx.positions.clone())
+        self.queries, self.positions = ctx.queries[:, :, L - n:].clone(), ctx.positions.clone()
 
     def select(self, query, keys, values) -> Selection:
         return Selection.all_tokens()
@@ -103,12 +112,14 @@ def query_positions_needed(selectors: list[Selector]) -> int | None:
 
 @torch.inference_mode()
 def capture_prefill(model, input_ids: Tensor, max_new_tokens: int, query_positions: int | None) -> PrefillCapture:
-    """Run the dense prefill of `input_ids` [B, L] once and keep what every selector's prefill is given."""
+    """Run the dense prefill of `input_ids` [B, L] once and keep what every selector's prefill is given (the K/V in
+    the recording cache's own buffers, which hold the prompt and room for the generation)."""
     cache = SelectorCache(model, _RecordingSpec(query_positions))
     cache.phase = "prefill"
     cache.max_new_tokens = int(max_new_tokens)
     logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
-    layers = [layer.selector.captured for layer in cache.layers]
+    layers = [LayerPrefill(layer._k, layer._v, layer.selector.queries, layer.selector.positions)
+              for layer in cache.layers]
     return PrefillCapture(layers, logits[:, -1].clone(), int(input_ids.shape[1]), int(max_new_tokens),
                           query_positions)
 
@@ -116,14 +127,13 @@ def capture_prefill(model, input_ids: Tensor, max_new_tokens: int, query_positio
 @torch.inference_mode()
 def replay_prefill(cache: SelectorCache, capture: PrefillCapture) -> Tensor:
     """Bring `cache` (a fresh SelectorCache of some method) to the state a prefill of the captured prompt leaves:
-    every layer's K/V in its own buffer (preallocated for the prompt and the generation), every selector's prefill
-    run on the captured context. Returns the last prompt position's logits [B, vocab]."""
+    every layer's K/V in the capture's buffer (the prompt, then room for the generation; taken over, not copied),
+    every selector's prefill run on the captured context. Returns the last prompt position's logits [B, vocab].
+    The caller decodes this cache to its end before it replays the capture into another one."""
     cache.phase = "prefill"
     cache.max_new_tokens = capture.max_new_tokens
-    for layer, info, captured in zip(cache.layers, cache.infos, capture.layers):
-        layer.lazy_initialization(captured.keys, captured.values)
-        layer._grow(capture.prompt_len + capture.max_new_tokens)
-        keys, values = layer.update(captured.keys, captured.values)
+    for layer, captured in zip(cache.layers, capture.layers):
+        keys, values = layer.adopt(captured.key_buffer, captured.value_buffer, capture.prompt_len)
         needed = layer.selector.prefill_queries()
         queries = captured.queries
         if needed is not None and needed < queries.shape[2]:

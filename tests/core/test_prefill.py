@@ -1,6 +1,7 @@
 """One dense prefill for several methods (locks/core/prefill.py): a replayed capture decodes what a prefill of its
-own decodes, and PrefillContext.shared computes a budget-independent part of a selector's prefill once per sample
-for a group's runs, each run getting its own copy."""
+own decodes, every run reads the capture's K/V buffers without a copy and leaves the prompt in them unchanged, and
+PrefillContext.shared computes a budget-independent part of a selector's prefill once per sample for a group's runs,
+each run getting its own copy."""
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -9,7 +10,7 @@ from locks.core.attention import register_attention
 from locks.core.cache import SelectorCache
 from locks.core.generation import generate
 from locks.core.prefill import capture_prefill, query_positions_needed, replay_prefill
-from locks.core.registry import MethodSpec
+from locks.core.registry import MethodSpec, discover
 from locks.core.selector import PrefillContext
 from tests.helpers import TINY_LLAMA, default_method_options
 
@@ -50,15 +51,54 @@ def test_shared_runs_the_computation_once_and_hands_out_copies():
     assert len(calls) == 2
 
 
-def decode(model, ids, name, budget, capture=None):
+def decode(model, ids, name, budget, capture=None, static=False, keep=None):
     cache = SelectorCache(model, MethodSpec(name, budget, default_method_options(name) or {}), measure_coverage=True)
     logits = None if capture is None else replay_prefill(cache, capture)
-    return generate(model, cache, ids, 8, prefill_logits=logits), cache.stats.summary()
+    out = generate(model, cache, ids, 8, prefill_logits=logits, static_decode=static)
+    if keep is not None:
+        keep.append(cache)
+    return out, cache.stats.summary()
+
+
+def prompt(length=700, seed=3):
+    return torch.randint(0, TINY_LLAMA["vocab_size"], (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_runs_take_the_captured_buffers_over_and_leave_the_prompt_unchanged(tiny):
+    """Every method decodes from the capture's own K/V buffers (no copy of the prompt), and after all of them the
+    prompt slots hold what the prefill wrote: no selector writes into the cache it reads."""
+    ids = prompt()
+    capture = capture_prefill(tiny, ids, 8, None)
+    prompt_kv = [(la.keys.clone(), la.values.clone()) for la in capture.layers]
+    assert all(la.key_buffer.shape[2] >= ids.shape[1] + 8 for la in capture.layers)  # room for the generation
+    for name in sorted(discover()):
+        caches = []
+        decode(tiny, ids, name, 128, capture, keep=caches)
+        for layer, la in zip(caches[0].layers, capture.layers):
+            assert layer._k is la.key_buffer and layer._v is la.value_buffer, name
+        for la, (k, v) in zip(capture.layers, prompt_kv):
+            assert torch.equal(la.keys, k) and torch.equal(la.values, v), name
+
+
+@pytest.mark.parametrize("name", ["fullkv", "locks", "quest"])
+def test_static_decode_from_a_capture_whose_decode_slots_hold_garbage(tiny, name):
+    """A static step reads the slots after the cached tokens (masked), so they must be finite: taking a buffer over
+    that already has the step's capacity (a capture's, after another run, or never written) zeroes them. NaN there
+    would turn every masked product into NaN."""
+    ids = prompt()
+    capture = capture_prefill(tiny, ids, 8, None)
+    with torch.inference_mode():
+        for la in capture.layers:
+            la.key_buffer[:, :, ids.shape[1]:] = float("nan")
+            la.value_buffer[:, :, ids.shape[1]:] = float("nan")
+    want = decode(tiny, ids, name, 128, static=True)
+    got = decode(tiny, ids, name, 128, capture, static=True)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
 
 
 @pytest.mark.parametrize("name", SHARING)
 def test_budgets_of_one_method_replayed_from_one_capture_match_prefills_of_their_own(tiny, name, monkeypatch):
-    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 700), generator=torch.Generator().manual_seed(3))
+    ids = prompt()
     budgets = (128, 256)
     specs = [MethodSpec(name, b, default_method_options(name) or {}) for b in budgets]
     from locks.core.selector import LayerInfo
