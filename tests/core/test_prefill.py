@@ -51,13 +51,12 @@ def test_shared_runs_the_computation_once_and_hands_out_copies():
     assert len(calls) == 2
 
 
-def decode(model, ids, name, budget, capture=None, static=False, keep=None):
+def decode(model, ids, name, budget, capture=None, static=False):
+    """-> (generated ids, the sample's stats summary, the cache)."""
     cache = SelectorCache(model, MethodSpec(name, budget, default_method_options(name) or {}), measure_coverage=True)
     logits = None if capture is None else replay_prefill(cache, capture)
     out = generate(model, cache, ids, 8, prefill_logits=logits, static_decode=static)
-    if keep is not None:
-        keep.append(cache)
-    return out, cache.stats.summary()
+    return out, cache.stats.summary(), cache
 
 
 def prompt(length=700, seed=3):
@@ -72,9 +71,8 @@ def test_runs_take_the_captured_buffers_over_and_leave_the_prompt_unchanged(tiny
     prompt_kv = [(la.keys.clone(), la.values.clone()) for la in capture.layers]
     assert all(la.key_buffer.shape[2] >= ids.shape[1] + 8 for la in capture.layers)  # room for the generation
     for name in sorted(discover()):
-        caches = []
-        decode(tiny, ids, name, 128, capture, keep=caches)
-        for layer, la in zip(caches[0].layers, capture.layers):
+        cache = decode(tiny, ids, name, 128, capture)[2]
+        for layer, la in zip(cache.layers, capture.layers):
             assert layer._k is la.key_buffer and layer._v is la.value_buffer, name
         for la, (k, v) in zip(capture.layers, prompt_kv):
             assert torch.equal(la.keys, k) and torch.equal(la.values, v), name
