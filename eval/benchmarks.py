@@ -36,6 +36,18 @@ class Ruler:
             raise ConfigError(f"benchmark.decode_cap must be a positive number of tokens or null (got {cap!r})")
         self.decode_cap = cap
 
+    def check_inputs(self) -> None:
+        """The essay file, data_dir and its files that the tasks read, checked before the model loads."""
+        from eval.ruler.common import check_sources
+
+        check_sources(self.cfg.tasks, self.cfg.data_dir, self.cfg.essay_path, self.cfg.cache_dir)
+
+    def check_tokenizer(self, tokenizer) -> None:
+        from eval.ruler.common import NO_CHAT_TEMPLATE
+
+        if self.cfg.chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(NO_CHAT_TEMPLATE)
+
     def samples(self, tokenizer, seed: int) -> list[dict]:
         from eval.ruler.generate import generate_samples
 

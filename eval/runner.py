@@ -119,7 +119,7 @@ def run_benchmark(config: dict, cfg) -> dict:
             return stored
         events.record("job_start", job=job.label)
         seed_everything(int(job.config["seed"]))
-        loaded = load_model(cfg.model)
+        loaded = load_checked(cfg.model, benchmark)
         check_context(job.config["benchmark"], loaded)
         with events.timed("samples"):
             samples = benchmark.samples(loaded.tokenizer, int(job.config["seed"]))
@@ -195,12 +195,19 @@ def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
     return metrics
 
 
-def load_model(model_cfg):
-    """The model, once per process (a group of jobs shares it); timed in the event log."""
-    from locks.core.models import load_model as load
+def load_checked(model_cfg, benchmark):
+    """The model, once per process (a group of jobs shares it; timed in the event log), after everything the run
+    needs from disk has been checked, each error naming the key to fix: the benchmark's data files, the
+    checkpoint folder, then the tokenizer alone and what the benchmark needs of it (a chat template)."""
+    from locks.core.models import check_model_files, load_model, load_tokenizer
 
+    benchmark.check_inputs()
+    check_model_files(model_cfg)
+    with events.timed("tokenizer_load"):
+        tokenizer = load_tokenizer(model_cfg)
+    benchmark.check_tokenizer(tokenizer)
     with events.timed("model_load"):
-        return load(model_cfg)
+        return load_model(model_cfg, tokenizer)
 
 
 def finished_metrics(pred_path: Path, metrics_path: Path) -> dict | None:

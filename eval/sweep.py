@@ -24,7 +24,7 @@ from eval.results import append_prediction, run_dir_name, sample_id
 from eval.runner import (
     check_context,
     finish_job,
-    load_model,
+    load_checked,
     locked,
     pending,
     prepare_job,
@@ -106,7 +106,7 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
     for job in jobs:
         events.record("job_start", job=job.label, group=len(jobs))
     seed_everything(seed)  # what each separate run does first, then the model and the samples
-    loaded = load_model(cfg.model)
+    loaded = load_checked(cfg.model, benchmark)
     check_context(config["benchmark"], loaded)
     with events.timed("samples"):
         samples = benchmark.samples(loaded.tokenizer, seed)

@@ -98,12 +98,17 @@ def truncate_middle(tokenizer, prompt: str, max_len: int, add_special_tokens: bo
     return tokenizer.decode(ids[:half] + ids[-half:], skip_special_tokens=True), len(ids), True
 
 
+NO_CHAT_TEMPLATE = ("benchmark.template=chat needs the model's chat template, and its tokenizer has none (a base "
+                    "model?); pass benchmark.template=completion")
+
+
 def _apply_chat(tokenizer, messages: list[dict]) -> str:
+    from locks.errors import ConfigError
+
     try:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    except ValueError as e:  # no chat template on this tokenizer
-        raise ValueError(f"{e}\n(InfiniteBench: this tokenizer has no chat template; use "
-                         f"benchmark.template=completion)") from e
+    except ValueError:  # no chat template on this tokenizer
+        raise ConfigError(NO_CHAT_TEMPLATE) from None
 
 
 class InfiniteBench:
@@ -139,6 +144,35 @@ class InfiniteBench:
             raise ConfigError(f"benchmark.scorer must be one of {list(scoring.SCORER_VARIANTS)} (got {self.scorer!r})")
         self.data_dir = cfg.get("data_dir")
         self.budgets: dict[str, dict] = {}
+        self._records: dict[str, list[dict]] = {}
+
+    def check_inputs(self) -> None:
+        """Read every task's records (data_dir's JSONL files or the Hub) before the model loads; a missing source is
+        one ConfigError naming benchmark.data_dir."""
+        from locks.errors import ConfigError
+
+        if self.data_dir and not Path(self.data_dir).expanduser().is_dir():
+            raise ConfigError(f"benchmark.data_dir={self.data_dir}: no such directory; pass the folder that holds "
+                              f"the tasks' <task>.jsonl files, or benchmark.data_dir=null for the HF Hub")
+        for task in self.tasks:
+            self.records(task)
+
+    def check_tokenizer(self, tokenizer) -> None:
+        from locks.errors import ConfigError
+
+        if self.family == "gpt4" and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(NO_CHAT_TEMPLATE)
+
+    def records(self, task: str) -> list[dict]:
+        """The task's records in dataset order (read once)."""
+        from locks.errors import ConfigError
+
+        if task not in self._records:
+            try:
+                self._records[task] = load_task(task, self.data_dir)
+            except FileNotFoundError as err:
+                raise ConfigError(str(err)) from None
+        return self._records[task]
 
     # ------------------------------------------------------------------ budgets
     def _overhead(self, tokenizer, task: str) -> int:
@@ -185,7 +219,7 @@ class InfiniteBench:
         """Deterministic (seed unused): the first num_samples records of each task, in dataset order."""
         out = []
         for task in self.tasks:
-            records = load_task(task, self.data_dir)
+            records = self.records(task)
             if self.num_samples is not None:
                 records = records[: self.num_samples]
             out += [self.build_sample(rec, task, i, tokenizer) for i, rec in enumerate(records)]

@@ -73,7 +73,8 @@ def load_task(task: str, data_dir: str | None = None) -> list[dict]:
         errors.append(f"HF dataset {HF_DATASET_ID!r} split {task!r} could not be loaded "
                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     missing = (Path(data_dir).expanduser() / f"{task}.jsonl") if data_dir else Path(f"<data_dir>/{task}.jsonl")
+    key = f"benchmark.data_dir={data_dir}" if data_dir else "benchmark.data_dir is not set"
     raise FileNotFoundError(
-        f"InfiniteBench data for task {task!r} not found: missing file {missing}. "
+        f"{key}: InfiniteBench data for task {task!r} not found: missing file {missing}. "
         f"Download {RAW_URL.format(task=task)} into a folder and set benchmark.data_dir to it "
         f"(or make the HF dataset {HF_DATASET_ID} available in the datasets cache). Details: {'; '.join(errors)}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import math
+from pathlib import Path
 
 from eval.longbench import metrics
 from eval.longbench.data import HF_DATASET_ID, config_name, load_task
@@ -27,6 +28,8 @@ DATASET2CATEGORY = dict(_DATA["dataset2category"])
 CATEGORIES = tuple(_DATA["categories"])
 NO_CHAT_TASKS = tuple(_DATA["no_chat_template_tasks"])
 BUCKETS = tuple(b[0] for b in _DATA["length_buckets"])
+NO_CHAT_TEMPLATE = ("benchmark.chat_template=true, but the model's tokenizer has no chat template (a base model?); "
+                    "pass benchmark.chat_template=false (the raw prompt)")
 
 
 def _config_error(msg: str) -> Exception:
@@ -90,6 +93,30 @@ class LongBench:
         self.max_length = int(max_length)
         self.chat_template = bool(cfg.get("chat_template", True))
         self.data_dir = cfg.get("data_dir")
+        self._records: dict[str, list[dict]] = {}
+
+    def check_inputs(self) -> None:
+        """Read every task's records (data_dir's JSONL files or the Hub) before the model loads; a missing source is
+        one ConfigError naming benchmark.data_dir."""
+        if self.data_dir and not Path(self.data_dir).expanduser().is_dir():
+            raise _config_error(f"benchmark.data_dir={self.data_dir}: no such directory; pass the folder of the "
+                                f"official data.zip's data/*.jsonl, or benchmark.data_dir=null for the HF Hub")
+        for task in self.tasks:
+            self.records(task)
+
+    def check_tokenizer(self, tokenizer) -> None:
+        if (self.chat_template and any(t not in NO_CHAT_TASKS for t in self.tasks)
+                and not getattr(tokenizer, "chat_template", None)):
+            raise _config_error(NO_CHAT_TEMPLATE)
+
+    def records(self, task: str) -> list[dict]:
+        """The task's test records in dataset order (read once)."""
+        if task not in self._records:
+            try:
+                self._records[task] = load_task(task, e=self.e, data_dir=self.data_dir)
+            except FileNotFoundError as err:
+                raise _config_error(str(err)) from None
+        return self._records[task]
 
     # ------------------------------------------------------------------ samples
 
@@ -97,8 +124,7 @@ class LongBench:
         if not self.chat_template or task in NO_CHAT_TASKS:
             return prompt, False
         if not getattr(tokenizer, "chat_template", None):
-            raise _config_error("benchmark.chat_template=true but the tokenizer has no chat template; "
-                                "set benchmark.chat_template=false")
+            raise _config_error(NO_CHAT_TEMPLATE)
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
         return text, True
@@ -140,7 +166,7 @@ class LongBench:
         # `seed` is unused: LongBench samples are the dataset records in order (first num_samples per task).
         out = []
         for task in self.tasks:
-            records = load_task(task, e=self.e, data_dir=self.data_dir)
+            records = self.records(task)
             if self.num_samples is not None:
                 records = records[: self.num_samples]
             out += [self.build_sample(task, i, rec, tokenizer) for i, rec in enumerate(records)]

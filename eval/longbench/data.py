@@ -56,11 +56,11 @@ def _load_hub(config: str) -> list[dict]:
 
         ds = datasets.load_dataset(HF_DATASET_ID, config, split="test")
     except Exception as exc:  # offline, unknown config, hub layout change: one clear message
+        first = str(exc).splitlines()[0] if str(exc) else ""
         raise FileNotFoundError(
-            f"LongBench data for config {config!r} is not available: loading {HF_DATASET_ID!r} (config {config!r}, "
-            f"split 'test') from the HF Hub failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). "
-            f"Either allow Hub access, or unzip the official data.zip and set benchmark.data_dir=<dir> so that "
-            f"<dir>/{config}.jsonl exists."
+            f"benchmark.data_dir is not set and LongBench config {config!r} could not be loaded from the HF Hub "
+            f"({HF_DATASET_ID!r}, split 'test': {type(exc).__name__}: {first}); allow Hub access, or unzip the "
+            f"official data.zip and pass benchmark.data_dir=<dir> so that <dir>/{config}.jsonl exists."
         ) from None
     return [_check_record(dict(r), f"{HF_DATASET_ID}/{config}[{i}]") for i, r in enumerate(ds)]
 
@@ -72,8 +72,9 @@ def load_task(task: str, e: bool = False, data_dir: str | None = None) -> list[d
         path = Path(data_dir).expanduser() / f"{config}.jsonl"
         if not path.is_file():
             raise FileNotFoundError(
-                f"LongBench data file {path} not found: put the official data/{config}.jsonl (from LongBench's "
-                f"data.zip) there, or set benchmark.data_dir=null to load {HF_DATASET_ID!r} from the HF Hub."
+                f"benchmark.data_dir={data_dir}: LongBench data file {path} not found; put the official "
+                f"data/{config}.jsonl (from LongBench's data.zip) there, or set benchmark.data_dir=null to load "
+                f"{HF_DATASET_ID!r} from the HF Hub."
             )
         return _read_jsonl(path)
     return _load_hub(config)

@@ -57,6 +57,33 @@ def score_pivot_with_ci(unit: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def score_bytes_pivot(unit: pd.DataFrame) -> pd.DataFrame:
+    """The compact headline: rows = method labels, columns = budgets, cells `score · MB read per decode step`
+    (FullKV's one run in every column, as in score_pivot)."""
+    budgets = budgets_of(unit)
+    cols = [str(b) for b in budgets]
+    rows = {}
+    for label in ordered_labels(unit):
+        g = unit[unit["label"] == label]
+        row = {}
+        for _, r in g.iterrows():
+            mb = _div(r["bytes_read_per_step"], 1e6)
+            cell = f"{r['average']:.1f}" + ("" if mb is None else f" · {mb:.1f}")
+            row.update({c: cell for c in cols} if pd.isna(r["budget"]) else {str(int(r["budget"])): cell})
+        rows[label] = row
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+    out.index.name = "method"
+    return out.rename(columns=lambda c: f"b={c}")
+
+
+def score_bytes_markdown(unit: pd.DataFrame, title: str) -> str:
+    piv = score_bytes_pivot(unit)
+    n = _n_text(unit["n"])
+    return (f"## {title}: score · MB read per decode step\n\n" + to_markdown(piv, mark=_fullkv_marks(piv, unit, False))
+            + f"\n\nscore = suite average (0-100) over n = {n} samples per run; MB = metadata + K/V bytes read per "
+              f"decode step over all layers. † {FULLKV_NOTE}\n")
+
+
 def task_tables(unit: pd.DataFrame) -> dict:
     """budget (or None when the unit has no budgets) -> rows = method labels, columns = tasks + average + n; FullKV's
     run appears in every budget's table."""

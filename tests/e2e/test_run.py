@@ -110,15 +110,80 @@ def test_wandb_offline_run_holds_the_summary(tmp_path):
     (["method.page_size=12"], "method.page_size"),
     (["benchmark.tasks=[niah_nothing]"], "benchmark.tasks"),
     (["benchmark.context_length=100000"], "benchmark.context_length=100000 exceeds"),
-    (["benchmark.tasks=[niah_single_2]", "benchmark.essay_path=/nonexistent/essays.json"], "needs PaulGrahamEssays.json"),
-    (["model=llama3_1_8b_instruct", "model.path=/nonexistent/llama"], "model.path=/path/to/checkpoint"),
+    (["benchmark.tasks=[niah_single_2]", "benchmark.essay_path=/nonexistent/essays.json"],
+     "benchmark.essay_path=/nonexistent/essays.json: no such file"),
+    (["model=llama3_1_8b_instruct", "model.path=/nonexistent/llama"], "model.path=/nonexistent/llama: no such folder"),
+    # the data are checked before the checkpoint, the checkpoint before the model: the first error is the data's
+    (["model=llama3_1_8b_instruct", "model.path=/nonexistent/llama", "benchmark.essay_path=/nonexistent/e.txt"],
+     "benchmark.essay_path=/nonexistent/e.txt: no such file"),
+    (["benchmark.data_dir=/nonexistent/ruler"], "benchmark.data_dir=/nonexistent/ruler: no such directory"),
+    (["benchmark.tasks=[qa_1]"], "RULER task qa_1 needs squad.json"),
+    (["benchmark=longbench", "benchmark.tasks=[trec]", f"benchmark.data_dir={ROOT}/tests/fixtures/infinitebench"],
+     "benchmark.data_dir="),
+    (["benchmark=infinitebench", "benchmark.tasks=[passkey]", f"benchmark.data_dir={ROOT}/tests/fixtures/longbench"],
+     "benchmark.data_dir="),
 ])
 def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, expected):
-    base = [a for a in TINY if not (a.startswith("model=") and any(b.startswith("model=") for b in args))]
+    base = [a for a in TINY if not any(b.startswith(a.split("=")[0].split(".")[0] + "=") for b in args)]
     result = run(base + args, tmp_path)
     assert result.returncode != 0
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) <= 1 and (not ours or expected in ours[0]), result.stderr  # the harness's errors: one line
+
+
+@pytest.fixture(scope="module")
+def base_checkpoint(tmp_path_factory):
+    """A checkpoint folder whose tokenizer has no chat template (a base model) and that has no weights at all, so
+    that anything past the tokenizer check would fail differently."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("base_model")
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(200)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    assert not fast.chat_template
+    fast.save_pretrained(folder)
+    LlamaConfig(vocab_size=len(words), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("args,expected", [
+    ([], "benchmark.chat_template=true, but the model's tokenizer has no chat template"),
+    (["benchmark=longbench", "benchmark.tasks=[qasper]", f"benchmark.data_dir={ROOT}/tests/fixtures/longbench"],
+     "benchmark.chat_template=true, but the model's tokenizer has no chat template"),
+    (["benchmark=infinitebench", "benchmark.tasks=[passkey]", f"benchmark.data_dir={ROOT}/tests/fixtures/infinitebench"],
+     "benchmark.template=chat needs the model's chat template"),
+])
+def test_a_base_model_with_a_chat_template_setting_stops_before_the_model_loads(tmp_path, base_checkpoint, args,
+                                                                                 expected):
+    result = run(["model=qwen2_5_7b_instruct", f"model.path={base_checkpoint}", "model.name=base", "logger=none",
+                  *args], tmp_path)
+    assert result.returncode == 2 and expected in result.stderr, result.stderr[-2000:]
+    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "Traceback" not in result.stderr and len(ours) == 1 and expected in ours[0], result.stderr
+
+
+def test_a_finished_run_missing_its_last_line_reruns_that_sample(tmp_path):
+    """skip-if-done accepts only a complete run: with the last predictions line gone, the rerun resumes with
+    "1 to go" and writes that sample again, the same as before."""
+    args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=2", "benchmark.tasks=[niah_single_1]"]
+    assert run(args, tmp_path).returncode == 0
+    run_dir = the_run_dir(tmp_path)
+    before = read_rows(run_dir)
+    lines = (run_dir / "predictions.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 2 and (run_dir / "metrics.json").exists()
+    (run_dir / "predictions.jsonl").write_text(lines[0])
+    again = run(args, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "(1 samples done, 1 to go)" in again.stdout and "skipped" not in again.stdout
+    after = read_rows(run_dir)
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in after] == \
+        [{k: v for k, v in r.items() if k != "seconds"} for r in before]
 
 
 @pytest.mark.slow
