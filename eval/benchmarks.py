@@ -31,6 +31,8 @@ class Ruler:
         self.lengths = [int(x) for x in (lengths if isinstance(lengths, (list, tuple, ListConfig)) else [lengths])]
         if any(n <= 0 for n in self.lengths):
             raise ConfigError(f"benchmark.context_length must be positive token counts (got {lengths})")
+        if cfg.chat_template not in ("auto", True, False):
+            raise ConfigError(f"benchmark.chat_template must be auto, true or false (got {cfg.chat_template!r})")
         cap = cfg.get("decode_cap")
         if cap is not None and (not isinstance(cap, int) or cap <= 0):
             raise ConfigError(f"benchmark.decode_cap must be a positive number of tokens or null (got {cap!r})")
@@ -45,8 +47,15 @@ class Ruler:
     def check_tokenizer(self, tokenizer) -> None:
         from eval.ruler.common import NO_CHAT_TEMPLATE
 
-        if self.cfg.chat_template and not getattr(tokenizer, "chat_template", None):
+        if self.cfg.chat_template is True and not getattr(tokenizer, "chat_template", None):
             raise ConfigError(NO_CHAT_TEMPLATE)
+
+    def uses_chat_template(self, tokenizer) -> bool:
+        """benchmark.chat_template: true | false, or auto (the default): the model's chat template when its
+        tokenizer has one (an instruct model), else RULER's `base` template, the plain task text (a base model)."""
+        if self.cfg.chat_template == "auto":
+            return bool(getattr(tokenizer, "chat_template", None))
+        return bool(self.cfg.chat_template)
 
     def samples(self, tokenizer, seed: int) -> list[dict]:
         from eval.ruler.generate import generate_samples
@@ -55,7 +64,7 @@ class Ruler:
         for length in self.lengths:
             for task in self.cfg.tasks:
                 for s in generate_samples(task, tokenizer, length, int(self.cfg.num_samples), seed=seed,
-                                          chat_template=bool(self.cfg.chat_template), data_dir=self.cfg.data_dir,
+                                          chat_template=self.uses_chat_template(tokenizer), data_dir=self.cfg.data_dir,
                                           essay_path=self.cfg.essay_path, cache_dir=self.cfg.cache_dir):
                     out.append({**s, "id": f"{task}/{length}/{s['index']}", "context_length": length,
                                 **self._capped(s)})
@@ -98,7 +107,8 @@ class Ruler:
             "tokenizer": getattr(tokenizer, "name_or_path", type(tokenizer).__name__),
             "context_lengths": self.lengths,
             "truncation": "none (prompts sized to context_length)",
-            "chat_template": bool(self.cfg.chat_template),
+            "chat_template": self.uses_chat_template(tokenizer),
+            "chat_template_setting": self.cfg.chat_template,
             "answer_prefix": True,
             "decode_cap": self.decode_cap,
             "generator_versions": GENERATOR_VERSIONS,

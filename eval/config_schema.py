@@ -21,7 +21,8 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ("benchmark", "model", "logger")
 METHOD_KEYS = {"name": "", "budget": 1, "backend": "auto"}  # keys every method has besides its constructor's
 RUN_KEYS = {"job": "benchmark", "profile": None}  # set by presets (conf/experiment/), typed there
-ALTERNATIVES = {"static_decode": ("auto", True)}  # keys whose value is one of several kinds: auto | true | false
+# keys whose value is one of several kinds: auto | true | false
+ALTERNATIVES = {"static_decode": ("auto", True), "benchmark.chat_template": ("auto", True)}
 
 
 def _kind(value) -> str:
@@ -71,9 +72,9 @@ def _check(where: str, values: dict, schema: dict, source: str) -> None:
         ref = schema[key]
         if isinstance(ref, str) and "${" in ref:  # an interpolation: typed where it points
             continue
-        if not where and key in ALTERNATIVES:
-            if not any(_fits(value, alt) for alt in ALTERNATIVES[key]):
-                raise ConfigError(f"{name}={value!r}: expected one of {', '.join(map(str, ALTERNATIVES[key]))} "
+        if name in ALTERNATIVES:
+            if not any(_fits(value, alt) for alt in ALTERNATIVES[name]):
+                raise ConfigError(f"{name}={value!r}: expected one of {', '.join(map(str, ALTERNATIVES[name]))} "
                                   f"or false (as in {source})")
             continue
         if isinstance(ref, dict) and isinstance(value, dict):

@@ -106,13 +106,36 @@ def _mean_or_none(df: pd.DataFrame, column: str) -> float | None:
     return float(values.mean()) if len(values) else None
 
 
+def full_layer_ratio(row: dict) -> float:
+    """A sample's bytes read over FullKV's for the same steps, on the full-attention layers (where the selectors
+    act; a hybrid model's sliding layers read their window under every method): all layers when the row has no
+    per-layer-type split or no full-attention layer."""
+    full = (row.get("by_layer_type") or {}).get("full_attention")
+    if full and full["full_bytes_per_step"]:
+        return full["bytes_read_per_step"] / full["full_bytes_per_step"]
+    return row["bytes_read_per_step"] / row["full_bytes_per_step"]
+
+
+def _by_layer_type(rows: list[dict]) -> dict:
+    """Means over samples of each layer type's layers, bytes read and FullKV's bytes per step."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        for kind, values in (r.get("by_layer_type") or {}).items():
+            for name, v in values.items():
+                out.setdefault(kind, {}).setdefault(name, []).append(float(v))
+    return {kind: {name: sum(v) / len(v) for name, v in values.items()} for kind, values in sorted(out.items())}
+
+
 def efficiency_summary(rows: list[dict]) -> dict:
-    """Means over samples of the per-step accounting: attended fraction, bytes ratio vs FullKV, coverage, time."""
+    """Means over samples of the per-step accounting: attended fraction, bytes ratio vs FullKV (full-attention
+    layers; all layers too), coverage, time, and the per-layer-type split."""
     df = pd.DataFrame(rows)
     return {
         "attended_fraction": float((df["attended_tokens_per_step"] / df["context_tokens_per_step"]).mean()),
         "attended_tokens_per_step": float(df["attended_tokens_per_step"].mean()),
-        "bytes_read_ratio": float((df["bytes_read_per_step"] / df["full_bytes_per_step"]).mean()),
+        "bytes_read_ratio": float(sum(full_layer_ratio(r) for r in rows) / len(rows)),
+        "bytes_read_ratio_all_layers": float((df["bytes_read_per_step"] / df["full_bytes_per_step"]).mean()),
+        "by_layer_type": _by_layer_type(rows),
         "bytes_read_per_step": float(df["bytes_read_per_step"].mean()),
         "full_bytes_per_step": float(df["full_bytes_per_step"].mean()),
         "metadata_bytes_per_step": _mean_or_none(df, "metadata_bytes_per_step"),
@@ -120,6 +143,8 @@ def efficiency_summary(rows: list[dict]) -> dict:
         "forced_tokens_per_step": _mean_or_none(df, "forced_tokens_per_step"),
         "coverage": _mean_or_none(df, "coverage"),
         "seconds_per_sample": float(df["seconds"].mean()),
+        "prefill_seconds_per_sample": _mean_or_none(df, "prefill_seconds"),
+        "decode_seconds_per_sample": _mean_or_none(df, "decode_seconds"),
         "method_metrics": _named_means(rows, "method_metrics"),
         "diagnostics": _named_means(rows, "diagnostics"),
     }

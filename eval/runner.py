@@ -181,6 +181,7 @@ def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
         attn_backend=resolve_backend(job.method.backend, loaded.device),
         decode_mode=",".join(sorted({str(r.get("decode_mode", "eager")) for r in done})),
         prefill_backend=prefill_backend(loaded.device, loaded.dtype),
+        model_license=model_license(config["model"]),
         versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
         python=platform.python_version(),
     )
@@ -193,6 +194,15 @@ def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
     print(f"results: {metrics_path}")
     events.record("job_done", job=job.label, samples=len(done))
     return metrics
+
+
+def model_license(model_cfg: dict) -> str | None:
+    """The license terms of an embedded model's weights (locks/core/embedded_model.py), None for the others."""
+    from locks.core.embedded_model import LICENSES
+
+    if model_cfg.get("source") != "gguf_package":
+        return None
+    return LICENSES.get(model_cfg.get("gguf", "smollm2_135m"))
 
 
 def load_checked(model_cfg, benchmark):
@@ -256,6 +266,7 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
         logits = replay_prefill(cache, capture)
     else:
         events.record("prefill", tokens=int(ids.shape[1]))
+    replay_seconds = time.perf_counter() - start
     out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids,
                    min_new_tokens=int(sample.get("min_new_tokens", 0)),
                    static_decode=config.get("static_decode", False), prefill_logits=logits)
@@ -275,6 +286,9 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
         "score": benchmark.score(prediction, sample),
         "generated_tokens": int(out.shape[1]),
         "seconds": round(seconds, 3),
+        # the prefill (a group's shared one plus this run's replay, or the run's own) and the decode, apart
+        "prefill_seconds": round(prefill_seconds + replay_seconds + cache.prefill_seconds, 3),
+        "decode_seconds": round(cache.decode_seconds, 3),
         "decode_mode": cache.decode_mode,
         **stats,
         "method_metrics": cache.extra_metrics(),

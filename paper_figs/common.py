@@ -69,3 +69,24 @@ def rel(path: Path) -> str:
         return str(Path(path).resolve().relative_to(ROOT))
     except ValueError:
         return str(path)
+
+
+def ruler_tables(name: str, directory: str, command: str, argv=None, doc: str = "") -> int:
+    """The RULER tables and figures (eval/report's unit set) of the runs in results/<directory>/*.json, named
+    paper_figs/out/<name>_*; the one missing-results line when they are not committed."""
+    args = parse_args(doc or __doc__, argv)
+    src = args.results / directory
+    df = runs_in(src)
+    if df is None:
+        return missing(name, f"{rel(src)}/*.json", command)
+    df = df[df["benchmark"] == "ruler"]
+    if not len(df):
+        return missing(name, f"RULER runs in {rel(src)}", command)
+    written = []
+    for (bench, model), group in report.groups(df):
+        for context, unit in report.units(group):
+            prefix = name + ("_" + model if df["model"].nunique() > 1 else "") + (
+                "_" + context if group["context"].nunique() > 1 else "") + "_"
+            written += report.write_unit(unit, args.out, f"RULER {context} tokens, {model}", prefix=prefix)
+    print(f"{name}: {len(df)} runs from {rel(src)} -> {len(written)} files in {rel(args.out)}")
+    return 0

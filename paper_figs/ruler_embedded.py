@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from paper_figs.common import missing, parse_args, rel, report, runs_in
+from paper_figs.common import ruler_tables
 
 NAME = "ruler_embedded"
 DIR = "ruler_embedded"
@@ -23,22 +23,7 @@ COMMAND = ("python run.py -m hydra/launcher=grouped hydra.launcher.skip_invalid=
 
 
 def main(argv=None) -> int:
-    args = parse_args(__doc__, argv)
-    src = args.results / DIR
-    df = runs_in(src)
-    if df is None:
-        return missing(NAME, f"{rel(src)}/*.json", COMMAND)
-    df = df[df["benchmark"] == "ruler"]
-    if not len(df):
-        return missing(NAME, f"RULER runs in {rel(src)}", COMMAND)
-    written = []
-    for (bench, model), group in report.groups(df):
-        for context, unit in report.units(group):
-            prefix = NAME + ("_" + model if df["model"].nunique() > 1 else "") + (
-                "_" + context if group["context"].nunique() > 1 else "") + "_"
-            written += report.write_unit(unit, args.out, f"RULER {context} tokens, {model}", prefix=prefix)
-    print(f"{NAME}: {len(df)} runs from {rel(src)} -> {len(written)} files in {rel(args.out)}")
-    return 0
+    return ruler_tables(NAME, DIR, COMMAND, argv, __doc__)
 
 
 if __name__ == "__main__":

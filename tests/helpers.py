@@ -109,24 +109,95 @@ def coverage(sel: Selection, q, keys):
     return float((p * mask.expand(B, Hkv, G, L)).sum(-1).mean())
 
 
+HYBRID = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, max_position_embeddings=4096)
+WINDOW = 16
+
+
+def hybrid_model(name: str):
+    """A tiny random-weight model with sliding-window layers (window WINDOW), one per family the harness supports:
+    Gemma 3 (5:1 local/global pattern shortened, two RoPE thetas, QK-norm), GPT-OSS (alternating windows, attention
+    sinks, set large so that they matter), Mistral (every layer sliding) and Qwen2 (use_sliding_window with
+    max_window_layers)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "gemma3":
+        config = tf.Gemma3TextConfig(**HYBRID, num_hidden_layers=4, sliding_window=WINDOW, query_pre_attn_scalar=16,
+                                     layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                                                  "sliding_attention"],
+                                     rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                                      "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+        model = tf.Gemma3ForCausalLM(config)
+    elif name == "gpt_oss":
+        model = tf.GptOssForCausalLM(tf.GptOssConfig(**HYBRID, num_hidden_layers=2, sliding_window=WINDOW,
+                                                     num_local_experts=4, num_experts_per_tok=2))
+        for layer in model.model.layers:
+            torch.nn.init.normal_(layer.self_attn.sinks, 0.0, 2.0)
+    elif name == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(**HYBRID, num_hidden_layers=2, sliding_window=WINDOW))
+    elif name == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**HYBRID, num_hidden_layers=4, use_sliding_window=True,
+                                                   sliding_window=WINDOW, max_window_layers=2))
+    else:
+        raise ValueError(name)
+    return model.eval()
+
+
+HYBRIDS = ("gemma3", "gpt_oss", "mistral", "qwen2")
+
+
+def stock_logits(model, ids, n):
+    """(greedy continuation [1, n], the logits of each of its tokens [1, n, vocab]) from stock transformers (eager
+    attention, its own DynamicCache with sliding-window layers)."""
+    model.set_attn_implementation("eager")
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                         output_logits=True, return_dict_in_generate=True)
+    return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1)
+
+
+def hybrid_case(name: str, prompt: int, steps: int):
+    """(name, hybrid_model(name), random prompt ids [1, prompt], stock transformers' greedy continuation [1, steps]
+    and its logits [1, steps, vocab]): the reference every hybrid-model test decodes against."""
+    model = hybrid_model(name)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        continuation, reference = stock_logits(model, ids, steps)
+    return name, model, ids, continuation, reference
+
+
 def stock_greedy(model, ids, n):
     model.set_attn_implementation("sdpa")
     out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
     return out[:, ids.shape[1] :]
 
 
-def teacher_forced_logits(model, ids, continuation, method, budget, **options):
-    """Logits of every decode step when the continuation is fed token by token through the SelectorCache."""
+def teacher_forced_logits(model, ids, continuation, method, budget, static=False, cache_out=None, **options):
+    """Logits of every decode step when the continuation is fed token by token through the SelectorCache (eager
+    steps, or the static step run eagerly with static=True); cache_out: a list that receives the cache."""
+    from locks.core.static_decode import StaticDecodeStep
+
     model.set_attn_implementation(register_attention())
-    cache = SelectorCache(model, MethodSpec(method, budget, options))
+    cache = SelectorCache(model, MethodSpec(method, budget, options), measure_coverage=True)
     cache.phase = "prefill"
+    cache.max_new_tokens = continuation.shape[1]
     logits = [model(input_ids=ids, cache=cache, sparse_cache=cache).logits[:, -1]]
-    cache.phase = "decode"
+    step = StaticDecodeStep(model, cache, 1, ids.shape[1] + continuation.shape[1], cuda_graph=False) if static else None
+    cache.phase = "decode_static" if static else "decode"
     for i, token in enumerate(continuation[0, :-1]):
-        pos = torch.tensor([[ids.shape[1] + i]])
+        position = ids.shape[1] + i
+        if static:
+            logits.append(step(token.view(1), position))
+            continue
+        pos = torch.tensor([[position]])
         logits.append(
             model(input_ids=token.view(1, 1), position_ids=pos, cache=cache, sparse_cache=cache).logits[:, -1]
         )
+        cache.stats.steps += 1
+    if static:
+        cache.finish_static()
+    if cache_out is not None:
+        cache_out.append(cache)
     return torch.stack(logits, 1)
 
 

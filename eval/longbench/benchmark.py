@@ -91,6 +91,9 @@ class LongBench:
             raise _config_error(f"benchmark.max_length must be an integer >= 2 (got {max_length}); official: "
                                 f"context window - 500, e.g. 7500 for 8K models, 127500 for 128K models")
         self.max_length = int(max_length)
+        if cfg.get("chat_template", True) not in (True, False):
+            raise _config_error(f"benchmark.chat_template must be true or false for LongBench "
+                                f"(got {cfg.get('chat_template')!r})")
         self.chat_template = bool(cfg.get("chat_template", True))
         self.data_dir = cfg.get("data_dir")
         self._records: dict[str, list[dict]] = {}

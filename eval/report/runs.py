@@ -120,6 +120,8 @@ def run_row(m: dict, path: Path) -> dict:
         "bytes_read_per_step": m.get("bytes_read_per_step"), "full_bytes_per_step": m.get("full_bytes_per_step"),
         "bytes_read_ratio": m.get("bytes_read_ratio"), "coverage": m.get("coverage"),
         "seconds_per_sample": m.get("seconds_per_sample"),
+        "prefill_seconds_per_sample": m.get("prefill_seconds_per_sample"),
+        "decode_seconds_per_sample": m.get("decode_seconds_per_sample"),
         "latency_ms_per_step": m.get("decode_ms_per_step", m.get("ms_per_step")),
         "device": m.get("device"), "dtype": m.get("dtype"), "seed": m.get("seed"), "run_key": m.get("run_key"),
         "config": _canon(fp),
@@ -131,6 +133,8 @@ def run_row(m: dict, path: Path) -> dict:
         row[f"metric:{k}"] = v
     for k, v in (m.get("diagnostics") or {}).items():  # the methods' own per-step diagnostics, by name
         row[f"diag:{k}"] = v
+    for kind, values in (m.get("by_layer_type") or {}).items():  # hybrid models: the sliding layers' share
+        row[f"layers:{kind}:bytes_read_per_step"] = values.get("bytes_read_per_step")
     return row
 
 

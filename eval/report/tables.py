@@ -131,6 +131,14 @@ def efficiency_table(unit: pd.DataFrame) -> pd.DataFrame:
                 **{c[5:]: _round(r[c], 4) for c in diagnostics},
                 "s/sample": _round(r["seconds_per_sample"], 2), "n": int(r["n"]),
             }
+            if unit["decode_seconds_per_sample"].notna().any():  # recorded since the prefill/decode split
+                row["prefill s/sample"] = _round(r["prefill_seconds_per_sample"], 2)
+                row["decode s/sample"] = _round(r["decode_seconds_per_sample"], 2)
+            if "layers:sliding_attention:bytes_read_per_step" in unit and \
+                    unit["layers:sliding_attention:bytes_read_per_step"].notna().any():
+                row["full-attention layers MB/step"] = _round(_div(r.get("layers:full_attention:bytes_read_per_step"),
+                                                                   1e6), 3)
+                row["sliding layers MB/step"] = _round(_div(r["layers:sliding_attention:bytes_read_per_step"], 1e6), 3)
             if unit["latency_ms_per_step"].notna().any():
                 row["decode ms/step"] = _round(r["latency_ms_per_step"], 3)
             rows.append(row)

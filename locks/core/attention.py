@@ -9,13 +9,17 @@ forwards unknown model kwargs to the attention function unchanged.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from locks.core.reference import attended_per_kv_head, dense_lse, paged_attended, paged_tokens, sparse_decode
+from locks.core.cache import SOFTCAP_ERROR
+from locks.core.reference import (add_sinks, attended_per_kv_head, dense_attention, dense_lse, lse_with_sinks,
+                                  paged_attended, paged_tokens, sparse_decode)
 from locks.core.selector import PrefillContext, Selection, StepStats, check_finite
 from locks.errors import ConfigError
 
@@ -37,7 +41,14 @@ def _alive_selection(alive: Tensor) -> Selection:
 
 def dense_prefill(module, query, key, value, attention_mask, dropout, scaling, backend: str, **kwargs) -> Tensor:
     """Dense causal attention of the prompt: flash-attn's kernel when `backend == "flash_attn"` and the prompt is one
-    unpadded causal block (no mask tensor, as many queries as keys), else transformers' SDPA. -> [B, q, Hq, d]."""
+    unpadded causal block (no mask tensor, as many queries as keys), else transformers' SDPA; a layer with attention
+    sinks (`s_aux`) through the fp32 reference, which has them in its softmax. -> [B, q, Hq, d]."""
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        mask = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else None
+        if attention_mask is not None and mask is None:
+            raise ConfigError("attention sinks need a boolean mask (the sparse_kv mask interface gives one)")
+        return dense_attention(query, key, value, mask, scaling, sinks, causal=mask is None)[0]
     if backend == "flash_attn" and attention_mask is None and query.shape[2] == key.shape[2]:
         from flash_attn import flash_attn_func  # GQA-native: K/V keep their H_kv heads
 
@@ -55,10 +66,16 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
             "the sparse_kv attention needs its SelectorCache: call the model with `cache=c, sparse_cache=c` "
             "(locks.core.generation.generate does this)"
         )
+    if kwargs.get("softcap") is not None:
+        raise ConfigError(SOFTCAP_ERROR.format(kwargs["softcap"]))
     layer_idx = module.layer_idx
+    if cache.phase == "prefill":  # what transformers passes decides the layer's type (docs/architecture.md)
+        cache.configure_layer(layer_idx, kwargs.get("sliding_window"),
+                              cache.infos[layer_idx].scaling if scaling is None else scaling)
     selector = cache.selector(layer_idx)
     info = cache.infos[layer_idx]
     scaling = info.scaling if scaling is None else scaling
+    sinks = kwargs.get("s_aux")
 
     if cache.phase == "prefill":
         check_finite("prompt keys", key)
@@ -70,21 +87,21 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         k, v = key.detach(), value.detach()  # selector state never takes part in autograd
         ctx = PrefillContext(
             keys=k, values=v, queries=query.detach(), positions=positions,
-            pre_rope_keys=lambda: cache.unrotate(k, positions),
-            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length, rotate=cache.rotate,
+            pre_rope_keys=lambda: cache.unrotate(k, positions, layer_idx),
+            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
+            rotate=functools.partial(cache.rotate, layer_idx=layer_idx),
         )
         selector.prefill(ctx)
         return out, None
 
     if cache.phase == "decode_static":
-        return static_decode_step(query, key, value, cache, layer_idx, scaling), None
+        return static_decode_step(query, key, value, cache, layer_idx, scaling, sinks), None
     if query.shape[2] != 1:
         raise ConfigError("decode steps take one token per sequence; set cache.phase='prefill' for prompts")
-    if attention_mask is not None and attention_mask.dtype == torch.bool and not bool(attention_mask.all()):
-        # Left padding would put pad tokens into pages and summaries of every method.
-        raise ConfigError("batches with left padding are not supported by the selectors; use batch size 1 "
-                          "(the runner does) or equal-length prompts")
+    check_no_padding(attention_mask, key.shape[2], info.sliding_window)
     check_finite("decoded keys", key[:, :, -1])
+    if info.sliding_window is not None:
+        return window_decode(module, query, key, value, attention_mask, cache, info, scaling, sinks, dropout, **kwargs)
     selector.append(key.detach(), value.detach())
     q = query[:, :, 0]
     sel = selector.select(q.detach(), key.detach(), value.detach())
@@ -95,10 +112,11 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
     full_bytes = L * info.token_kv_bytes
     lse = None
     if sel.dense:
-        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        out = dense_decode(module, query, key, value, attention_mask, scaling, sinks, dropout, **kwargs)
         attended = float(L)
     else:
         o, lse = attend(q, key, value, sel, scaling, cache.backend)
+        o, lse_sink = add_sinks(o, lse, sinks)
         out = o.unsqueeze(1)  # [B, 1, Hq, d]
         attended = float(attended_per_kv_head(sel, L).mean())
     kv_bytes = sel.kv_bytes if sel.kv_bytes is not None else attended * info.token_kv_bytes
@@ -111,12 +129,53 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         full_bytes=full_bytes,
     )
     coverage = None
-    if cache.measure_coverage:
-        coverage = torch.ones(B, q.shape[1]) if lse is None else torch.exp(lse - dense_lse(q, key, scaling)).cpu()
+    if cache.measure_coverage:  # the mass of the full attention (sinks included) that the attended set carries
+        coverage = (torch.ones(B, q.shape[1]) if lse is None else
+                    torch.exp(lse_sink - lse_with_sinks(dense_lse(q, key, scaling), sinks)).detach().cpu())
+    # a method's diagnostics (LOCKS's certificate) are about the tokens: they get the tokens' lse, without sinks;
+    # a certificate on the tokens' share of the mass also bounds the share with the sink added to both sides
     diagnostics = sel.diagnostics(lse) if (sel.diagnostics is not None and lse is not None) else None
     if diagnostics is not None and coverage is not None and hasattr(sel.diagnostics, "soundness"):
         diagnostics = {**diagnostics, **sel.diagnostics.soundness(lse, coverage)}
     cache.stats.add(stats, L, coverage, diagnostics)
+    return out, None
+
+
+def check_no_padding(mask: Tensor | None, length: int, window: int | None) -> None:
+    """A decode step's boolean mask [B, 1, 1, L] must admit every cached token (full attention) or exactly the last
+    `window` (a sliding layer); anything else means padding, which would put pad tokens into the selectors' pages."""
+    if mask is None or mask.dtype != torch.bool:
+        return
+    expected = torch.ones(length, dtype=torch.bool, device=mask.device)
+    if window is not None:
+        expected = torch.arange(length, device=mask.device) >= length - window
+    if not bool((mask == expected).all()):
+        raise ConfigError("batches with left padding are not supported by the selectors; use batch size 1 "
+                          "(the runner does) or equal-length prompts")
+
+
+def dense_decode(module, query, key, value, attention_mask, scaling, sinks, dropout=0.0, **kwargs) -> Tensor:
+    """Attention of the decode token over every token the mask admits -> [B, 1, Hq, d]: SDPA, or the fp32
+    reference where the layer has attention sinks."""
+    if sinks is not None:
+        return dense_attention(query, key, value, attention_mask, scaling, sinks)[0]
+    kwargs.pop("s_aux", None)
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return out
+
+
+def window_decode(module, query, key, value, attention_mask, cache, info, scaling, sinks, dropout=0.0, **kwargs):
+    """A sliding-window layer's decode step (locks/core/window.py): what stock transformers computes there (the
+    mask admits the last W tokens), no selector asked; the bytes model counts the window for every method, FullKV
+    included. -> (out [B, 1, Hq, d], None)."""
+    L = key.shape[2]
+    if attention_mask is None and L > info.sliding_window:  # no mask given: restrict to the window ourselves
+        attention_mask = (torch.arange(L, device=key.device) >= L - info.sliding_window).view(1, 1, 1, L)
+    out = dense_decode(module, query, key, value, attention_mask, scaling, sinks, dropout, **kwargs)
+    window = float(min(L, info.sliding_window))
+    cache.stats.add(StepStats(attended_tokens=window, forced_tokens=0.0, metadata_bytes=0.0,
+                              kv_bytes=window * info.token_kv_bytes, h2d_bytes=0.0,
+                              full_bytes=window * info.token_kv_bytes, layer_type=info.layer_type), L, None)
     return out, None
 
 
@@ -149,7 +208,8 @@ def masked_dense_decode(query: Tensor, keys: Tensor, values: Tensor, length: Ten
     return out[:, :, 0]
 
 
-def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer_idx: int, scaling: float) -> Tensor:
+def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer_idx: int, scaling: float,
+                       sinks: Tensor | None = None) -> Tensor:
     """One layer of a static decode step (capturable in a CUDA graph): keys/values are the preallocated cache with
     `cache.static_length` valid slots; the selector's `select_static` names a fixed number of tokens or pages, attended
     by the fused kernels (backend triton) or the reference. Attended tokens the host cannot count are added to
@@ -167,10 +227,17 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
             from locks.kernels import full_decode
 
             out, lse = full_decode(q, keys, values, scaling, length=length)
+            out, _ = add_sinks(out, lse, sinks)
+        elif sinks is not None:
+            alive = (torch.arange(C, device=q.device) < length).view(1, 1, 1, C)
+            out = dense_attention(q.unsqueeze(2), keys, values, alive, scaling, sinks)[0][:, 0]
         else:
             out = masked_dense_decode(q, keys, values, length, scaling)
     else:
         out, lse = attend(q, keys, values, sel, scaling, cache.backend, length)
+        out, lse_sink = add_sinks(out, lse, sinks)
+    if cache.infos[layer_idx].sliding_window is not None:  # a sliding layer: counted on the host, no coverage
+        return out.unsqueeze(1)
     if not sel.attended_on_host and cache.device_accounting:
         if sel.dense:
             attended = length.to(torch.float64)
@@ -184,7 +251,7 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
             coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
         else:
             alive = (torch.arange(C, device=q.device) < length).expand(B, keys.shape[1], -1)
-            per_head = torch.exp(lse - dense_lse(q, keys, scaling, alive))  # [B, Hq]
+            per_head = torch.exp(lse_sink - lse_with_sinks(dense_lse(q, keys, scaling, alive), sinks))  # [B, Hq]
             coverage = per_head.sum().to(torch.float64).reshape(1)
         cache.static_coverage[layer_idx : layer_idx + 1].add_(coverage)
         if sel.diagnostics is not None and lse is not None:

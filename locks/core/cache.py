@@ -9,6 +9,8 @@ The cache never evicts physically: `get_seq_length()` is always the logical leng
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -17,13 +19,31 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, Selector, StepStats, resolve_backend
+from locks.core.window import SlidingWindow
 from locks.errors import ConfigError
+
+SOFTCAP_ERROR = ("attention logit soft-capping (Gemma 2's attn_logit_softcapping={}) is not supported by the sparse "
+                 "decode: every method would attend without it; use a model without soft-capping")
 
 # How each supported transformers model type rotates keys (what rotate/unrotate apply and invert):
 #   half         k*cos + rotate_half(k)*sin over the full head dim, rotate_half(x) = (-x[d/2:], x[:d/2])
 #   interleaved  GLM: the same on the first rotary_dim channels with the pairs (x[2i], x[2i+1]) rotated together
 #                (cos/sin of rotary_dim/2 frequencies, each repeated twice), the other channels passed through
-ROPE_LAYOUTS = {"llama": "half", "mistral": "half", "qwen2": "half", "glm": "interleaved", "glm4": "interleaved"}
+#   (GPT-OSS hands cos/sin over half the head dim, each applied to both halves: the same rotation)
+ROPE_LAYOUTS = {"llama": "half", "mistral": "half", "qwen2": "half", "glm": "interleaved", "glm4": "interleaved",
+                "gemma2": "half", "gemma3_text": "half", "gpt_oss": "half"}
+
+
+def config_windows(config) -> list[int | None]:
+    """Each layer's sliding window as `config.layer_types` declares it (None: full attention; no layer_types: all
+    full). Only a first guess: the attention function corrects every layer from the `sliding_window` that
+    transformers passes it at the prefill (SelectorCache.configure_layer)."""
+    n = config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if not types or not window:
+        return [None] * n
+    return [int(window) if t == "sliding_attention" else None for t in types]
 
 
 def prefill_backend(device, dtype) -> str:
@@ -40,7 +60,7 @@ class SelectorLayer(DynamicLayer):
 
     def __init__(self, selector: Selector):
         super().__init__()
-        self.selector = selector
+        self.selector = selector  # the method's selector, or SlidingWindow on a sliding-window layer
         self.length = 0
         self.reserve = 0  # slots the first update (the prompt) adds for the tokens the generation will append
         self.static_position: Tensor | None = None  # static decode: [1] int64 slot of the token being decoded
@@ -109,7 +129,7 @@ class DecodeStats:
     """Per-sample accounting, summed over layers within a step and averaged over steps at the end."""
 
     steps: int = 0
-    layer_steps: int = 0
+    layer_steps: int = 0  # full-attention layer-steps: tokens, coverage and diagnostics are counted on these only
     bytes_read: float = 0.0
     full_bytes: float = 0.0
     metadata_bytes: float = 0.0
@@ -120,6 +140,7 @@ class DecodeStats:
     coverage_sum: float = 0.0
     coverage_count: int = 0
     diagnostics: dict = field(default_factory=dict)  # name -> [sum, count] (Selection.diagnostics)
+    by_type: dict = field(default_factory=dict)  # layer type -> [bytes read, FullKV's bytes, layer-steps]
 
     def add_attended(self, tokens: float, kv_bytes: float) -> None:
         """Attended tokens and their K/V bytes summed over layer-steps, counted on the device (static decode)."""
@@ -134,11 +155,19 @@ class DecodeStats:
             acc[1] += float(count)
 
     def add(self, s: StepStats, context: int, coverage: Tensor | None, diagnostics: dict | None = None) -> None:
-        self.layer_steps += 1
+        """One layer's step. Bytes are summed over every layer (a sliding layer reads its window, for FullKV too);
+        attended, forced and context tokens, coverage and diagnostics over the full-attention layers only."""
+        kind = self.by_type.setdefault(s.layer_type, [0.0, 0.0, 0])
+        kind[0] += s.bytes_read
+        kind[1] += s.full_bytes
+        kind[2] += 1
         self.bytes_read += s.bytes_read
         self.full_bytes += s.full_bytes
         self.metadata_bytes += s.metadata_bytes
         self.h2d_bytes += s.h2d_bytes
+        if s.layer_type != "full_attention":
+            return
+        self.layer_steps += 1
         self.attended_tokens += s.attended_tokens
         self.forced_tokens += s.forced_tokens
         self.context_tokens += context
@@ -165,18 +194,30 @@ class DecodeStats:
             # each diagnostic's mean over what it counted (None when it never counted anything)
             "diagnostics": {name: (total / count if count else None)
                             for name, (total, count) in sorted(self.diagnostics.items())},
+            # per layer type: layers per step and bytes per step (the method's and FullKV's for the same step)
+            "by_layer_type": {kind: {"layers": n / steps, "bytes_read_per_step": read / steps,
+                                     "full_bytes_per_step": full / steps}
+                              for kind, (read, full, n) in sorted(self.by_type.items())},
         }
 
 
 class SelectorCache(Cache):
     """A transformers `Cache` with one `SelectorLayer` per decoder layer, built for one model and one method."""
 
-    def __init__(self, model, method: MethodSpec, kv_element_bytes: int = 2, measure_coverage: bool = False):
+    def __init__(self, model, method: MethodSpec, kv_element_bytes: int = 2, measure_coverage: bool = False,
+                 window_layers: bool = True):
+        """window_layers=False: the method's selector on every layer, sliding ones too (a prefill capture's
+        recorder, which keeps what every layer's prefill sees)."""
         config = model.config
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            raise ConfigError(SOFTCAP_ERROR.format(config.attn_logit_softcapping))
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         weight = next(model.parameters())
         self.backend = resolve_backend(method.backend, weight.device)
         self.prefill_backend = prefill_backend(weight.device, weight.dtype)
+        self.method = method
+        self.window_layers = window_layers
+        self.layer_types = list(getattr(config, "layer_types", None) or [])  # what the rotary embedding is keyed by
         infos = [
             LayerInfo(
                 layer_idx=i,
@@ -186,10 +227,11 @@ class SelectorCache(Cache):
                 scaling=head_dim**-0.5,
                 kv_element_bytes=kv_element_bytes,
                 backend=self.backend,
+                sliding_window=window,
             )
-            for i in range(config.num_hidden_layers)
+            for i, window in enumerate(config_windows(config))
         ]
-        super().__init__(layers=[SelectorLayer(method.build(info)) for info in infos])
+        super().__init__(layers=[SelectorLayer(self._build(info)) for info in infos])
         self.infos = infos
         self.rotary_emb = model.model.rotary_emb
         self.model_type = getattr(config, "model_type", None)
@@ -199,9 +241,29 @@ class SelectorCache(Cache):
         self.measure_coverage = measure_coverage
         self.stats = DecodeStats()
         self.decode_mode = "eager"  # set by `generate`: eager | static | cuda_graph
+        self.prefill_seconds = self.decode_seconds = 0.0  # set by `generate`
         # static decode: count on the device the attended tokens the host cannot know (e.g. Quest's per-head union);
         # a benchmark may turn it off to time the selection and attention alone
         self.device_accounting = True
+
+    def _build(self, info: LayerInfo) -> Selector:
+        if info.sliding_window is not None and self.window_layers:
+            return SlidingWindow(info)
+        return self.method.build(info)
+
+    def configure_layer(self, layer_idx: int, sliding_window: int | None, scaling: float) -> None:
+        """The layer as transformers runs it (the attention function's `sliding_window` and `scaling`, at the
+        prefill): a layer whose window or scale differs from the first guess gets its info and selector rebuilt."""
+        info = self.infos[layer_idx]
+        window = int(sliding_window) if sliding_window else None
+        if info.sliding_window == window and info.scaling == scaling:
+            return
+        self.infos[layer_idx] = info = dataclasses.replace(info, sliding_window=window, scaling=float(scaling))
+        self.layers[layer_idx].selector = self._build(info)
+
+    @property
+    def full_attention_layers(self) -> int:
+        return sum(info.sliding_window is None for info in self.infos)
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -289,9 +351,10 @@ class SelectorCache(Cache):
         for layer, info in zip(self.layers, self.infos):
             forced, metadata, attended = layer.selector.static_step_cost(L)
             attended = attended or 0.0  # None: counted on the device, folded in by finish_static
+            context = L if info.sliding_window is None else min(L, info.sliding_window)
             self.stats.add(StepStats(attended_tokens=attended, forced_tokens=forced, metadata_bytes=metadata,
                                      kv_bytes=attended * info.token_kv_bytes, h2d_bytes=0.0,
-                                     full_bytes=L * info.token_kv_bytes), L, None)
+                                     full_bytes=context * info.token_kv_bytes, layer_type=info.layer_type), L, None)
 
     def finish_static(self) -> None:
         """After the last static step: fold the attended tokens counted on the device into the stats (one read)."""
@@ -301,7 +364,7 @@ class SelectorCache(Cache):
         if self.measure_coverage and self.static_steps:
             batch = self.layers[0]._k.shape[0]
             self.stats.coverage_sum += float(self.static_coverage.sum())
-            self.stats.coverage_count += self.static_steps * len(self.layers) * batch * info.num_heads
+            self.stats.coverage_count += self.static_steps * self.full_attention_layers * batch * info.num_heads
             for layer, counters in zip(self.layers, self.static_diagnostics):
                 values = counters.tolist()
                 self.stats.add_diagnostics({name: values[i] for i, name in enumerate(layer.selector.diagnostic_names)
@@ -322,15 +385,25 @@ class SelectorCache(Cache):
                     sums.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in sums.items()}
 
-    def _rope_terms(self, keys: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def _rope_terms(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(k, rot(k), cos, sin, passed-through channels) in fp32 for keys [B, Hkv, n, d] at positions [B, n], with
-        the layer's own rotary embedding, in the model's layout (ROPE_LAYOUTS)."""
+        the layer's own rotary embedding (a model with one per layer type, e.g. Gemma 3's local theta = 10K and
+        global theta = 1M, is asked for `layer_idx`'s), in the model's layout (ROPE_LAYOUTS)."""
         layout = ROPE_LAYOUTS.get(self.model_type)
         if layout is None:
             raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the RoPE layouts of "
                               f"{sorted(ROPE_LAYOUTS)}; model_type {self.model_type!r} is not among them")
-        cos, sin = self.rotary_emb(keys, position_ids=positions)
+        kwargs = {}
+        if "layer_type" in inspect.signature(self.rotary_emb.forward).parameters:
+            if layer_idx is None or not self.layer_types:
+                raise ConfigError(f"model_type {self.model_type!r} rotates each layer type with its own RoPE: the "
+                                  f"rotation needs the layer (config.layer_types)")
+            kwargs["layer_type"] = self.layer_types[layer_idx]
+        cos, sin = self.rotary_emb(keys, position_ids=positions, **kwargs)
         cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
+        if layout == "half" and 2 * cos.shape[-1] == keys.shape[-1]:  # GPT-OSS: one angle per channel pair
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
         k = keys.float()
         if layout == "interleaved":
             cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
@@ -341,17 +414,17 @@ class SelectorCache(Cache):
         half = k.shape[-1] // 2
         return k, torch.cat((-k[..., half:], k[..., :half]), dim=-1), cos, sin, k[..., :0]
 
-    def rotate(self, keys: Tensor, positions: Tensor) -> Tensor:
+    def rotate(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None) -> Tensor:
         """Post-RoPE keys from pre-RoPE keys: k' = k*cos + rot(k)*sin on the rotary channels."""
-        k, rotated, cos, sin, rest = self._rope_terms(keys, positions)
+        k, rotated, cos, sin, rest = self._rope_terms(keys, positions, layer_idx)
         return torch.cat([k * cos + rotated * sin, rest], dim=-1).to(keys.dtype)
 
-    def unrotate(self, keys: Tensor, positions: Tensor) -> Tensor:
+    def unrotate(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None) -> Tensor:
         """Pre-RoPE keys from post-RoPE keys by the inverse rotation with the layer's own cos/sin.
 
         RoPE: k' = k*cos + rot(k)*sin with rot a quarter turn of each rotated channel pair and cos, sin possibly
         scaled by an attention factor m (cos = m cos(theta), sin = m sin(theta)). Rotating back by -theta gives
         k'*cos - rot(k')*sin = m^2 k, and m^2 = cos^2 + sin^2 elementwise, hence the division.
         """
-        k, rotated, cos, sin, rest = self._rope_terms(keys, positions)
+        k, rotated, cos, sin, rest = self._rope_terms(keys, positions, layer_idx)
         return torch.cat([(k * cos - rotated * sin) / (cos * cos + sin * sin), rest], dim=-1).to(keys.dtype)

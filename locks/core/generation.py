@@ -6,6 +6,8 @@ graph on CUDA (`locks/core/static_decode.py`); "auto" picks the static step on C
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from locks.core.cache import SelectorCache
@@ -44,6 +46,7 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
             logits = logits.index_fill(-1, eos, float("-inf"))
         return logits.argmax(-1)
 
+    start = time.perf_counter()
     if prefill_logits is None:
         cache.phase = "prefill"
         cache.max_new_tokens = int(max_new_tokens)
@@ -51,6 +54,10 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
         prefill_logits = logits[:, -1]
     elif cache.get_seq_length() != input_ids.shape[1]:
         raise ValueError(f"the cache holds {cache.get_seq_length()} tokens, the prompt {input_ids.shape[1]}")
+    if input_ids.device.type == "cuda":
+        torch.cuda.synchronize()
+    cache.prefill_seconds = time.perf_counter() - start  # about 0 when the prefill was replayed (the caller's time)
+    start = time.perf_counter()
     token = pick(prefill_logits, 0)
     out = [token]
     finished = torch.isin(token, eos)
@@ -79,4 +86,7 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
         finished |= torch.isin(token, eos)
     if static:
         cache.finish_static()
+    if input_ids.device.type == "cuda":
+        torch.cuda.synchronize()
+    cache.decode_seconds = time.perf_counter() - start  # the first token's pick, then every decode step
     return torch.stack(out, dim=1)

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from locks.core.attention import register_attention
-from locks.core.embedded_model import smollm2_gguf_path
+from locks.core.embedded_model import embedded_gguf_path, smollm2_gguf_path
 from locks.errors import ConfigError
 
 
@@ -48,6 +48,12 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return ids
 
 
+def _gguf_path(cfg) -> Path:
+    """The embedded model's GGUF file (model.gguf, default the SmolLM2 one)."""
+    get = cfg.get if hasattr(cfg, "get") else (lambda key, default=None: default)
+    return embedded_gguf_path(get("gguf", "smollm2_135m"), get("cache_dir"))
+
+
 def _gguf_cache(cfg, dtype: torch.dtype) -> Path | None:
     """The folder of the dequantized embedded model: keyed by the GGUF file, its size and time, the dtype and the
     transformers version; None when model.cache_dir is null."""
@@ -56,7 +62,7 @@ def _gguf_cache(cfg, dtype: torch.dtype) -> Path | None:
     cache_dir = cfg.get("cache_dir") if hasattr(cfg, "get") else None
     if not cache_dir:
         return None
-    path = smollm2_gguf_path()
+    path = _gguf_path(cfg)
     st = path.stat()
     key = f"{path.stem}-{st.st_size}-{int(st.st_mtime)}-{str(dtype).replace('torch.', '')}-tf{transformers.__version__}"
     return Path(os.path.expanduser(str(cache_dir))) / key
@@ -69,7 +75,7 @@ def _load_gguf(cfg, dtype: torch.dtype, attn: str, tokenizer=None):
     import shutil
     import tempfile
 
-    path = smollm2_gguf_path()
+    path = _gguf_path(cfg)
     cached = _gguf_cache(cfg, dtype)
     if cached is not None and (cached / "config.json").exists():
         model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn)
@@ -101,7 +107,7 @@ def _load_gguf(cfg, dtype: torch.dtype, attn: str, tokenizer=None):
 
 def _gguf_tokenizer(cfg, dtype: torch.dtype):
     """The embedded model's tokenizer: from the dequantized copy when there is one, else from the GGUF file."""
-    path = smollm2_gguf_path()
+    path = _gguf_path(cfg)
     cached = _gguf_cache(cfg, dtype)
     if cached is not None and (cached / "config.json").exists():
         tokenizer = AutoTokenizer.from_pretrained(cached)
@@ -129,7 +135,7 @@ def check_model_files(cfg) -> None:
     A Hub id is left to the loader (the HF cache, or the Hub when online)."""
     if cfg.source in ("gguf_package", "random"):
         try:
-            smollm2_gguf_path()
+            _gguf_path(cfg) if cfg.source == "gguf_package" else smollm2_gguf_path()
         except FileNotFoundError as err:
             raise ConfigError(str(err)) from None
         return

@@ -16,6 +16,7 @@ the group that asks for it, and each run gets its own copy.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +32,8 @@ class LayerPrefill:
     value_buffer: Tensor  # [B, Hkv, L + max_new_tokens, d]
     queries: Tensor  # [B, Hq, n, d] the last n prompt queries (n = the group's largest prefill_queries)
     positions: Tensor  # [B, L]
+    sliding_window: int | None = None  # the layer's type as transformers ran it (None: full attention)
+    scaling: float = 1.0  # the attention scale transformers passed
     memo: dict = field(default_factory=dict)  # PrefillContext.shared: budget-independent prefill work of the runs
 
     @property
@@ -114,12 +117,15 @@ def query_positions_needed(selectors: list[Selector]) -> int | None:
 def capture_prefill(model, input_ids: Tensor, max_new_tokens: int, query_positions: int | None) -> PrefillCapture:
     """Run the dense prefill of `input_ids` [B, L] once and keep what every selector's prefill is given (the K/V in
     the recording cache's own buffers, which hold the prompt and room for the generation)."""
-    cache = SelectorCache(model, _RecordingSpec(query_positions))
+    cache = SelectorCache(model, _RecordingSpec(query_positions), window_layers=False)
     cache.phase = "prefill"
     cache.max_new_tokens = int(max_new_tokens)
     logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
-    layers = [LayerPrefill(layer._k, layer._v, layer.selector.queries, layer.selector.positions)
-              for layer in cache.layers]
+    layers = [LayerPrefill(layer._k, layer._v,
+                           # a sliding layer's selector reads no query: it is the same window in every run
+                           layer.selector.queries if info.sliding_window is None else layer.selector.queries[:, :, :0],
+                           layer.selector.positions, info.sliding_window, info.scaling)
+              for layer, info in zip(cache.layers, cache.infos)]
     return PrefillCapture(layers, logits[:, -1].clone(), int(input_ids.shape[1]), int(max_new_tokens),
                           query_positions)
 
@@ -132,7 +138,9 @@ def replay_prefill(cache: SelectorCache, capture: PrefillCapture) -> Tensor:
     The caller decodes this cache to its end before it replays the capture into another one."""
     cache.phase = "prefill"
     cache.max_new_tokens = capture.max_new_tokens
-    for layer, captured in zip(cache.layers, capture.layers):
+    for i, (layer, captured) in enumerate(zip(cache.layers, capture.layers)):
+        cache.configure_layer(i, captured.sliding_window, captured.scaling)
+        layer = cache.layers[i]
         keys, values = layer.adopt(captured.key_buffer, captured.value_buffer, capture.prompt_len)
         needed = layer.selector.prefill_queries()
         queries = captured.queries
@@ -144,7 +152,7 @@ def replay_prefill(cache: SelectorCache, capture: PrefillCapture) -> Tensor:
         k, v, positions = keys.detach(), values.detach(), captured.positions
         layer.selector.prefill(PrefillContext(
             keys=k, values=v, queries=queries, positions=positions,
-            pre_rope_keys=lambda k=k, positions=positions: cache.unrotate(k, positions),
-            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length, rotate=cache.rotate,
-            memo=captured.memo))
+            pre_rope_keys=lambda k=k, positions=positions, i=i: cache.unrotate(k, positions, i),
+            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
+            rotate=functools.partial(cache.rotate, layer_idx=i), memo=captured.memo))
     return capture.logits

@@ -112,3 +112,51 @@ def paged_attended(sel: Selection, length: Tensor, capacity: int) -> Tensor:
     read.scatter_reduce_(2, sel.pages.long().clamp(0, P - 1).reshape(B, H, -1), valid.reshape(B, H, -1), reduce="amax")
     page_tokens = (length - torch.arange(P, device=read.device) * n).clamp(0, n)
     return (read * page_tokens).sum(-1).float()
+
+
+def add_sinks(out: Tensor, lse: Tensor, sinks: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Attention sinks (GPT-OSS's `s_aux`, one learned logit s_h per query head) in the softmax denominator of an
+    attention over some tokens, from that attention's out [B, Hq, d] and lse [B, Hq] (fp32):
+        lse' = log(exp(lse) + exp(s_h)),   out' = out * exp(lse - lse')
+    exact for any token set (the sink has no value), so it applies after any kernel. sinks None: unchanged."""
+    if sinks is None:
+        return out, lse
+    total = lse_with_sinks(lse, sinks)
+    return (out.float() * torch.exp(lse - total).unsqueeze(-1)).to(out.dtype), total
+
+
+def lse_with_sinks(lse: Tensor, sinks: Tensor | None) -> Tensor:
+    """log(exp(lse) + exp(s_h)) per query head for lse [B, Hq]; sinks None: lse."""
+    return lse if sinks is None else torch.logaddexp(lse, sinks.float().view(1, -1).expand_as(lse))
+
+
+def dense_attention(query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scaling: float,
+                    sinks: Tensor | None = None, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """Exact attention of query [B, Hq, q, d] over keys/values [B, Hkv, L, d] in fp32 with an optional boolean
+    mask [B or 1, 1, q, L] (True: attend) or, without one, a causal mask when `causal` -> (out [B, q, Hq, d] in the
+    query's dtype, lse [B, Hq, q] fp32, sinks included). Query rows go in chunks that bound the fp32 logits to about
+    64 MB on CPU (1 GB on GPU): the path of layers with attention sinks, which SDPA cannot take."""
+    B, Hq, q, d = query.shape
+    Hkv, L = keys.shape[1], keys.shape[2]
+    G = Hq // Hkv
+    k, v = keys.float(), values.float()
+    budget = (1 << 24) if query.device.type == "cpu" else (1 << 28)
+    step = max(1, budget // max(1, B * Hq * L))
+    outs, lses = [], []
+    for start in range(0, q, step):
+        stop = min(q, start + step)
+        qc = query[:, :, start:stop].float().view(B, Hkv, G, stop - start, d)
+        logits = torch.einsum("bhgqd,bhld->bhgql", qc, k) * scaling
+        if mask is not None:
+            m = mask[:, :, start:stop].view(mask.shape[0], 1, 1, stop - start, L)
+            logits = logits.masked_fill(~m, float("-inf"))
+        elif causal:
+            rows = torch.arange(start, stop, device=query.device).view(-1, 1) + (L - q)
+            logits = logits.masked_fill(torch.arange(L, device=query.device) > rows, float("-inf"))
+        lse = torch.logsumexp(logits, dim=-1)
+        if sinks is not None:
+            lse = torch.logaddexp(lse, sinks.float().view(1, Hkv, G, 1))
+        p = torch.exp(logits - lse.unsqueeze(-1))
+        outs.append(torch.einsum("bhgql,bhld->bhgqd", p, v).reshape(B, Hq, stop - start, d))
+        lses.append(lse.reshape(B, Hq, stop - start))
+    return torch.cat(outs, dim=2).transpose(1, 2).to(query.dtype), torch.cat(lses, dim=2)

@@ -45,6 +45,13 @@ class LayerInfo:
     scaling: float
     kv_element_bytes: int = 2  # bytes per cached K/V element assumed by the bytes model (bf16 on GPU)
     backend: str = "torch"  # "torch" (reference) or "triton" (fused kernels in locks/kernels/), resolved per device
+    # None: full attention (the method's selector acts here); W: a sliding-window layer that attends the last W
+    # tokens, as transformers passes `sliding_window` to the attention function (docs/architecture.md, layer types)
+    sliding_window: int | None = None
+
+    @property
+    def layer_type(self) -> str:
+        return "full_attention" if self.sliding_window is None else "sliding_attention"
 
     @property
     def group_size(self) -> int:
@@ -134,7 +141,8 @@ class StepStats:
     metadata_bytes: float
     kv_bytes: float
     h2d_bytes: float
-    full_bytes: float  # what FullKV reads for the same step: 2 * L * d * s per KV head
+    full_bytes: float  # what FullKV reads for the same step: 2 * L * d * s per KV head (a sliding layer: its window)
+    layer_type: str = "full_attention"  # LayerInfo.layer_type: only full-attention layers count tokens and coverage
 
     @property
     def bytes_read(self) -> float:

@@ -118,3 +118,31 @@ def test_budgets_of_one_method_replayed_from_one_capture_match_prefills_of_their
     # the separate runs compute theirs (no memo); of the replayed runs only the first computes, once per layer
     assert computed and all(computed.count(key) == len(budgets) * layers + layers for key in set(computed))
     assert all(la.memo for la in capture.layers)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gpt_oss"])
+def test_a_capture_of_a_hybrid_model_replays_every_method_as_its_own_prefill(family):
+    """Sliding-window layers: the capture keeps each layer's type and no queries of the sliding ones; every method
+    replayed from it decodes and accounts what a prefill of its own does."""
+    from tests.helpers import hybrid_model
+
+    model = hybrid_model(family)
+    model.set_attn_implementation(register_attention())
+    ids = torch.randint(0, model.config.vocab_size, (1, 300), generator=torch.Generator().manual_seed(5))
+    capture = capture_prefill(model, ids, 8, query_positions_needed(
+        [MethodSpec(n, 128, default_method_options(n) or {}).build(_info(model)) for n in sorted(discover())]))
+    windows = [la.sliding_window for la in capture.layers]
+    assert windows == [16 if t == "sliding_attention" else None for t in model.config.layer_types]
+    assert all(la.queries.shape[2] == 0 for la in capture.layers if la.sliding_window is not None)
+    for name in sorted(discover()):
+        want = decode(model, ids, name, 128)
+        got = decode(model, ids, name, 128, capture)
+        assert torch.equal(got[0], want[0]), name
+        assert got[1] == want[1], name
+
+
+def _info(model):
+    from locks.core.selector import LayerInfo
+
+    c = model.config
+    return LayerInfo(0, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.head_dim ** -0.5)

@@ -83,20 +83,22 @@ def test_the_checker_names_the_file_and_line_of_each_bad_command(check_docs, tmp
     assert len(found) == len(BAD) + 2, found  # the GOOD lines and `make figures` pass
 
 
-def test_readme_fits_and_its_headline_table_is_what_make_figures_writes():
+@pytest.mark.parametrize("results", ["ruler_embedded", "ruler_gemma3_16k"])
+def test_readme_fits_and_its_tables_are_what_make_figures_writes(results):
+    """The headline table (SmolLM2, 2K tokens) and the paper-ratio table (Gemma 3 270M, 16K tokens)."""
     from eval import report
     from eval.report.tables import score_bytes_markdown
     from paper_figs.common import runs_in
 
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
-    df = runs_in(ROOT / "results" / "ruler_embedded")
+    df = runs_in(ROOT / "results" / results)
     [(_, group)] = list(report.groups(df))
     [(_, unit)] = list(report.units(group))
     table = [ln for ln in score_bytes_markdown(unit, "t").splitlines() if ln.startswith("|")]
     assert len(table) == 2 + unit["label"].nunique()
-    assert "\n".join(table) in readme, "README's headline table differs from paper_figs/out/ruler_embedded_score_bytes.md"
-    assert "paper_figs/out/ruler_embedded_score_vs_bytes.png" in readme
+    assert "\n".join(table) in readme, f"a README table differs from paper_figs/out/{results}_score_bytes.md"
+    assert f"paper_figs/out/{results}_score_vs_bytes.png" in readme
 
 
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")

@@ -20,7 +20,8 @@ BASE = ["model=tiny_random_llama", "benchmark.context_length=1024", "benchmark.n
 # every registered method once; the methods that share budget-independent prefill work (PrefillContext.shared) at a
 # second budget too: two runs of one method in a group, the second served from the memo
 JOBS = [(name, 128) for name in sorted(discover())] + [(name, 256) for name in ("locks", "shadowkv", "lrqk", "rocketkv")]
-TIMING = {"seconds", "seconds_per_sample"}
+TIMING = {"seconds", "seconds_per_sample", "prefill_seconds", "prefill_seconds_per_sample", "decode_seconds",
+          "decode_seconds_per_sample"}
 
 
 def configs(runs_dir: Path):

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny_random_llama", "benchmark.context_length=1024", "logger=none"]
@@ -153,7 +154,7 @@ def base_checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("args,expected", [
-    ([], "benchmark.chat_template=true, but the model's tokenizer has no chat template"),
+    (["benchmark.chat_template=true"], "benchmark.chat_template=true, but the model's tokenizer has no chat template"),
     (["benchmark=longbench", "benchmark.tasks=[qasper]", f"benchmark.data_dir={ROOT}/tests/fixtures/longbench"],
      "benchmark.chat_template=true, but the model's tokenizer has no chat template"),
     (["benchmark=infinitebench", "benchmark.tasks=[passkey]", f"benchmark.data_dir={ROOT}/tests/fixtures/infinitebench"],
@@ -166,6 +167,25 @@ def test_a_base_model_with_a_chat_template_setting_stops_before_the_model_loads(
     assert result.returncode == 2 and expected in result.stderr, result.stderr[-2000:]
     ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert "Traceback" not in result.stderr and len(ours) == 1 and expected in ours[0], result.stderr
+
+
+def test_a_base_model_runs_ruler_with_its_base_template(tmp_path, base_checkpoint):
+    """benchmark.chat_template=auto (the default): a tokenizer without a chat template gets RULER's base prompt,
+    and the run records which template it used."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(base_checkpoint, folder)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder)).save_pretrained(folder)
+    result = run(["model=qwen2_5_7b_instruct", f"model.path={folder}", "model.name=base", "logger=none",
+                  "benchmark.tasks=[niah_single_1]", "benchmark.context_length=512", "benchmark.num_samples=1",
+                  "method=locks", "budget=64"], tmp_path / "runs")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((the_run_dir(tmp_path / "runs") / "metrics.json").read_text())
+    assert metrics["benchmark"]["chat_template"] is False and metrics["benchmark"]["chat_template_setting"] == "auto"
 
 
 def test_a_finished_run_missing_its_last_line_reruns_that_sample(tmp_path):
@@ -182,8 +202,8 @@ def test_a_finished_run_missing_its_last_line_reruns_that_sample(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(1 samples done, 1 to go)" in again.stdout and "skipped" not in again.stdout
     after = read_rows(run_dir)
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in after] == \
-        [{k: v for k, v in r.items() if k != "seconds"} for r in before]
+    assert [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in after] == \
+        [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in before]
 
 
 @pytest.mark.slow

@@ -336,9 +336,10 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
                     m["benchmark"] = {"template_family": "gpt4", "max_length": 7500, "context_length": 8192}
                     m["method"]["budget"] = m["budget"] = None if b is None else {64: 512, 2048: 2048}[b]
                 write(res / f"{bench}_{model}" / f"{method}_{b}", "metrics.json", m)
-    for method in ("fullkv", "locks"):
-        write(res / "ruler_embedded", f"{method}.json",
-              metrics(method, None if method == "fullkv" else 128, [4.0, 5.0, 6.0] if method == "locks" else [1.0, 2, 3]))
+    for directory in ("ruler_embedded", "ruler_gemma3_16k"):
+        for method in ("fullkv", "locks"):
+            write(res / directory, f"{method}.json", metrics(method, None if method == "fullkv" else 128,
+                                                             [4.0, 5.0, 6.0] if method == "locks" else [1.0, 2, 3]))
     latency_records(res / "gpu" / "bench_decode.jsonl")
     e2e_records(res / "gpu" / "e2e.jsonl")
     out = tmp_path / "out"
@@ -349,7 +350,8 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
     assert {"infinitebench_scores.md", "infinitebench_scores.tex", "longbench_curve.png", "longbench_curve.pdf",
             "latency_speedup.png", "latency_vs_context.pdf", "latency_table.md", "bytes_per_step.png",
             "bytes_per_step.md", "ruler_embedded_scores.md", "ruler_embedded_score_vs_budget.png",
-            "ruler_embedded_statistics.md", "e2e_speedup.png", "e2e_table.md", "claims.md", "claims.csv"} <= names
+            "ruler_embedded_statistics.md", "ruler_gemma3_16k_scores.md", "e2e_speedup.png", "e2e_table.md",
+            "claims.md", "claims.csv"} <= names
     ib = pd.read_csv(out / "infinitebench_scores.csv", index_col="method")
     assert list(ib.index) == ["FullKV", "Oracle: pages/KV head", "LOCKS"] and list(ib.columns) == ["512", "2048", "n"]
     assert "longbench_curve: no runs at budget(s) [128, 256, 512, 1024]" in text

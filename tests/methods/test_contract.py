@@ -1,4 +1,5 @@
-"""Selector invariants on synthetic K/V, against independent dense references (float64 softmax, brute force)."""
+"""Selector invariants on synthetic K/V, against independent dense references (float64 softmax, brute force), and
+every registered method on random-weight models with sliding-window layers (Gemma 3, GPT-OSS, Mistral, Qwen2)."""
 import itertools
 import math
 from pathlib import Path
@@ -7,19 +8,24 @@ import pytest
 import torch
 
 from locks.core.reference import sparse_decode
-from locks.core.registry import MethodSpec
+from locks.core.registry import MethodSpec, discover
 from locks.core.selector import LayerInfo, PrefillContext, Selection
+from locks.core.window import SlidingWindow
 from locks.errors import ConfigError
 from tests.helpers import (
+    HYBRIDS,
     SCALE,
+    WINDOW,
     D,
     build,
     coverage,
     decode_output,
     default_method_options,
     dense_reference,
+    hybrid_case,
     make_kv,
     prefill,
+    teacher_forced_logits,
 )
 
 SELECTOR_CONFIGS = [
@@ -366,3 +372,50 @@ def test_the_token_oracle_bounds_every_method_per_query_head(name, clustered):
         oracle = build("oracle_token", int(n[0, g]), Hq, Hkv)
         best, _ = per_head_coverage(oracle.select(q, keys, values), q, keys)
         assert cov[0, g] <= best[0, g] + 1e-9, (name, g, float(cov[0, g]), float(best[0, g]))
+
+
+PROMPT, STEPS = 40, 22  # every step past the window (16)
+
+
+@pytest.fixture(scope="module", params=HYBRIDS)
+def hybrid(request):
+    """A random-weight Gemma 3 / GPT-OSS / Mistral / Qwen2 model (tests/helpers.py) with stock transformers' logits."""
+    return hybrid_case(request.param, PROMPT, STEPS)
+
+
+@pytest.mark.parametrize("method", sorted(discover()))
+def test_every_method_decodes_models_with_sliding_window_layers(hybrid, method):
+    """Budget above the context: FullKV's logits. A small budget: the method acts on the full-attention layers only,
+    the sliding ones attend their window, and the accounting says so per layer type."""
+    name, model, ids, continuation, reference = hybrid
+    options = default_method_options(method) or {}
+    caches = []
+    with torch.no_grad():
+        dense = teacher_forced_logits(model, ids, continuation, method, 4096, **options)
+        small = teacher_forced_logits(model, ids, continuation, method, 96 if method == "lrqk" else 32,
+                                      cache_out=caches, **options)
+    assert (dense - reference).abs().max() < 1e-5, (name, method)
+    assert torch.isfinite(small).all()
+    cache = caches[0]
+    for layer, info in zip(cache.layers, cache.infos):
+        assert isinstance(layer.selector, SlidingWindow) == (info.sliding_window is not None)
+        if info.sliding_window is None:
+            assert layer.selector.name == method
+    stats = cache.stats.summary()
+    kinds = stats["by_layer_type"]
+    token_bytes = cache.infos[0].token_kv_bytes
+    steps = stats["decode_steps"]
+    assert steps == STEPS - 1
+    if "sliding_attention" in kinds:
+        sliding = kinds["sliding_attention"]
+        n = sum(info.sliding_window is not None for info in cache.infos)
+        assert sliding["layers"] == n
+        assert sliding["bytes_read_per_step"] == pytest.approx(n * WINDOW * token_bytes)
+        assert sliding["full_bytes_per_step"] == pytest.approx(n * WINDOW * token_bytes)
+    if "full_attention" in kinds:
+        full = kinds["full_attention"]
+        n = cache.full_attention_layers
+        mean_length = PROMPT + (steps + 1) / 2
+        assert full["full_bytes_per_step"] == pytest.approx(n * mean_length * token_bytes)
+        assert stats["attended_tokens_per_step"] <= mean_length and stats["coverage"] <= 1 + 1e-6
+    assert stats["bytes_read_per_step"] == pytest.approx(sum(k["bytes_read_per_step"] for k in kinds.values()))
