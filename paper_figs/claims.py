@@ -6,14 +6,16 @@ verdict (holds / does not hold / not measured) and the result file(s) it came fr
 Input: results/ruler_embedded/*.json (the README's RULER sweep: every method x budgets 64..512, per-sample
 scores), results/gpu/*.jsonl when a GPU run is committed. The bytes rows use the harness's bytes model (the
 selectors' own accounting) at 1M tokens for the GLM-4-9B and Llama-3.1-8B attention shapes; they need no results.
-Output: paper_figs/out/claims.{md,csv}.
+Output: paper_figs/out/claims.{md,csv}, and paper_figs/out/byte_ceiling.{md,csv}: the byte-bound ceiling at batch
+1 / 4 / 16 for both shapes at 128K / 256K / 1M, with FullKV's device memory (weights read once per step, K/V per row).
 
 Verdict rules (stated in each row):
 - ranking: LOCKS's attention-mass coverage / the page Oracle's at the same budget >= 0.95 at every budget.
 - collapse at budget b: the method's score <= half of FullKV's and lower with McNemar p < 0.05 on the same samples.
 - bytes: FullKV's K/V bytes / LOCKS's (summaries + queries + scores + attended K/V) per decode step within 5% of 9.8.
 - speedup: the whole-step CUDA-graph speedup over FullKV within 5% of the claim (results/gpu/ e2e records); without
-  them "not measured", next to the byte-bound ceiling (FullKV's step bytes / LOCKS's, weights included).
+  them "not measured", next to the byte-bound ceiling (FullKV's step bytes / LOCKS's, weights included) at batch 1
+  and the smallest batch whose ceiling reaches the claim (and whether FullKV fits one H200 there).
 - certificate: its soundness rate (certificate <= measured coverage, per step, layer and query head) is 1 in every
   LOCKS run.
 """
@@ -37,6 +39,8 @@ SPEEDUP_CLAIMS = {131072: 1.59, 262144: 1.80, 1048576: 2.0}
 BYTES_BUDGET = 2048  # the write-up's budget at long context (scripts/bench_decode.py's default)
 SHAPES = {"glm": "GLM-4-9B", "llama": "Llama-3.1-8B"}
 TOL = 0.05
+BATCHES = (1, 4, 16)
+DEVICE_MEMORY = 139 * 2 ** 30  # one H200 as lent here (about 139 GiB)
 
 
 def _row(claim, measured, verdict, source, rule):
@@ -132,11 +136,51 @@ def weights_and_layers(shape: str) -> tuple[int, int]:
     return sum(p.numel() * p.element_size() for p in model.parameters()), model.config.num_hidden_layers
 
 
-def byte_ceiling(shape: str, context: int) -> float:
-    """FullKV's whole-step bytes / LOCKS's: weights (bf16) + every layer's K/V or LOCKS's reads."""
+def byte_ceiling(shape: str, context: int, batch: int = 1) -> float:
+    """FullKV's whole-step bytes / LOCKS's at batch B: the weights W (bf16) are read once per step, the K/V (or
+    LOCKS's reads) once per row and layer:  (W + B n full) / (W + B n locks)."""
     weights, layers = weights_and_layers(shape)
     full, locks = step_bytes(shape, context)
-    return (weights + layers * full) / (weights + layers * locks)
+    return (weights + batch * layers * full) / (weights + batch * layers * locks)
+
+
+def fullkv_memory(shape: str, context: int, batch: int) -> float:
+    """Bytes FullKV holds on the device at batch B: the bf16 weights and every row's K/V cache."""
+    weights, layers = weights_and_layers(shape)
+    return weights + batch * layers * step_bytes(shape, context)[0]
+
+
+def reachable_batch(shape: str, context: int, claimed: float, largest: int = 4096) -> int | None:
+    """The smallest batch (a power of two) whose byte ceiling reaches `claimed`; None when none up to `largest` does
+    (the ceiling tends to full / locks, the K/V ratio, as B grows)."""
+    batch = 1
+    while batch <= largest:
+        if byte_ceiling(shape, context, batch) >= claimed:
+            return batch
+        batch *= 2
+    return None
+
+
+def ceiling_table() -> pd.DataFrame:
+    """The byte-bound whole-step ceiling of LOCKS over FullKV per model shape, context and batch (BATCHES), with
+    FullKV's device memory and whether it fits one DEVICE_MEMORY accelerator."""
+    rows = []
+    for shape, name in SHAPES.items():
+        for context in SPEEDUP_CLAIMS:
+            for batch in BATCHES:
+                memory = fullkv_memory(shape, context, batch)
+                rows.append({"model": name, "context": context, "batch": batch,
+                             "byte_ceiling": byte_ceiling(shape, context, batch),
+                             "fullkv_memory_gb": memory / 1e9, "fits_one_h200": memory <= DEVICE_MEMORY})
+    return pd.DataFrame(rows)
+
+
+def _reachable(shape: str, name: str, context: int, claimed: float) -> str:
+    batch = reachable_batch(shape, context, claimed)
+    if batch is None:
+        return f"no batch ({name})"
+    fits = fullkv_memory(shape, context, batch) <= DEVICE_MEMORY
+    return f"batch {batch} ({name}; FullKV {'fits' if fits else 'does not fit'} one H200)"
 
 
 def speedup_rows(results) -> list[dict]:
@@ -151,6 +195,8 @@ def speedup_rows(results) -> list[dict]:
         above = [name for name, c in ceiling.items() if claimed > c]
         if above:  # no batch-1 decode step can beat the bytes it must read
             ceilings += f" (the claim exceeds the batch-1 ceiling of {' and '.join(above)})"
+        ceilings += "; reachable from " + ", ".join(_reachable(shape, name, context, claimed)
+                                                    for shape, name in SHAPES.items())
         claim = f"{claimed}x decode speedup at {ctx}"
         rows = None if e2e is None else e2e[(e2e["method"] == "locks") & (e2e["context"] == context)
                                             & e2e["speedup_vs_fullkv"].notna()]
@@ -199,6 +245,21 @@ def claims_table(results) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def ceiling_markdown(table: pd.DataFrame) -> str:
+    """Models x contexts rows, one column per batch: 'ceiling (FullKV GB)', a dagger where FullKV does not fit."""
+    lines = ["## Byte-bound whole-step ceiling of LOCKS over FullKV (budget 2048, bf16) by batch", "",
+             "| model | context | " + " | ".join(f"B={b}" for b in BATCHES) + " |",
+             "|---|---|" + "---|" * len(BATCHES)]
+    for (model, context), group in table.groupby(["model", "context"], sort=False):
+        ctx = f"{context // 1024}K" if context < 1048576 else "1M"
+        cells = [f"{r.byte_ceiling:.2f}x ({r.fullkv_memory_gb:.0f} GB{'' if r.fits_one_h200 else ' †'})"
+                 for r in group.sort_values("batch").itertuples()]
+        lines.append(f"| {model} | {ctx} | " + " | ".join(cells) + " |")
+    lines += ["", "ceiling = (W + B·n·FullKV K/V bytes) / (W + B·n·LOCKS bytes) per decode step, weights W read once per "
+              "step; GB = FullKV's weights + K/V cache at that batch; † = more than one H200 holds (139 GiB = 149 GB)."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     args = parse_args(__doc__, argv)
     table = claims_table(args.results)
@@ -207,6 +268,9 @@ def main(argv=None) -> int:
     md = ["| claim | measured | verdict | rule | source |", "|---|---|---|---|---|"]
     md += [f"| {r.claim} | {r.measured} | **{r.verdict}** | {r.rule} | `{r.source}` |" for r in table.itertuples()]
     (args.out / "claims.md").write_text("\n".join(md) + "\n")
+    ceilings = ceiling_table()
+    ceilings.to_csv(args.out / "byte_ceiling.csv", index=False)
+    (args.out / "byte_ceiling.md").write_text(ceiling_markdown(ceilings))
     counts = table["verdict"].value_counts().to_dict()
     print(f"{NAME}: {len(table)} claims ({', '.join(f'{v} {k}' for k, v in counts.items())}) -> "
           f"{rel(args.out / 'claims.md')}")

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from paper_figs import claims
 
@@ -90,3 +91,26 @@ def test_bytes_model_matches_the_formula():
         attended = budget  # fair mode: the forced set is inside the budget
         want = hkv * (candidates * (804 + 8) + (hq // hkv) * d * 2 + attended * 2 * d * 2)
         assert locks == want, (shape, locks, want)
+
+
+def test_byte_ceiling_at_batch_b_reads_weights_once_and_kv_per_row():
+    """(W + B n full) / (W + B n locks): batch 1 is the old ceiling, it grows with B towards full / locks, the
+    reachable batch is the smallest power of two that reaches the claim, and FullKV's memory counts every row."""
+    weights, layers = claims.weights_and_layers("glm")
+    L = 131072
+    full, locks = claims.step_bytes("glm", L)
+    for batch in (1, 4, 16):
+        want = (weights + batch * layers * full) / (weights + batch * layers * locks)
+        assert claims.byte_ceiling("glm", L, batch) == pytest.approx(want, rel=1e-12)
+        assert claims.fullkv_memory("glm", L, batch) == weights + batch * layers * full
+    ceilings = [claims.byte_ceiling("glm", L, b) for b in (1, 2, 4, 16, 1 << 20)]
+    assert ceilings == sorted(ceilings) and ceilings[-1] < full / locks
+    b = claims.reachable_batch("glm", L, 1.59)
+    assert claims.byte_ceiling("glm", L, b) >= 1.59 > claims.byte_ceiling("glm", L, b // 2)
+    assert claims.reachable_batch("glm", L, full / locks * 1.01) is None
+    table = claims.ceiling_table()
+    assert len(table) == len(claims.SHAPES) * len(claims.SPEEDUP_CLAIMS) * len(claims.BATCHES)
+    md = claims.ceiling_markdown(table)
+    assert md.count("\n| ") == 1 + len(claims.SHAPES) * len(claims.SPEEDUP_CLAIMS)
+    speedups = [r for r in claims.speedup_rows(Path("/nonexistent")) if "1.59x" in r["claim"]]
+    assert f"reachable from batch {b} (GLM-4-9B" in speedups[0]["measured"]

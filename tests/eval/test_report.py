@@ -351,7 +351,7 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
             "latency_speedup.png", "latency_vs_context.pdf", "latency_table.md", "bytes_per_step.png",
             "bytes_per_step.md", "ruler_embedded_scores.md", "ruler_embedded_score_vs_budget.png",
             "ruler_embedded_statistics.md", "ruler_gemma3_16k_scores.md", "e2e_speedup.png", "e2e_table.md",
-            "claims.md", "claims.csv"} <= names
+            "claims.md", "claims.csv", "byte_ceiling.md", "byte_ceiling.csv"} <= names
     ib = pd.read_csv(out / "infinitebench_scores.csv", index_col="method")
     assert list(ib.index) == ["FullKV", "Oracle: pages/KV head", "LOCKS"] and list(ib.columns) == ["512", "2048", "n"]
     assert "longbench_curve: no runs at budget(s) [128, 256, 512, 1024]" in text
