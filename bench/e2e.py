@@ -12,14 +12,17 @@ LOCKS summaries are random values in the exact quantized layout (`--summaries ra
 the layout, not the values, and building 5M pages costs minutes of GPU time) or built from the keys in chunks
 (`--summaries build`, dry-run default); Quest's min/max are computed from the keys.
 
-Per (shape, context, method), records of kind "e2e":
+`--batch 1 4 16` runs each (shape, context) at B equal-length rows per step (one static step captured per batch
+shape): the weights are read once per step and every row's K/V, so KV bytes outweigh weight bytes as B grows.
+
+Per (shape, context, batch, method), records of kind "e2e":
   ms_graph      median of --reps replays of the captured step at one position (CUDA events; a replay at a fixed
                 position rewrites the same slot, so repeating it is exact), captured without the device-side count
                 of attended tokens (Quest's per-head union: accounting, not part of the method)
   ms_eager      median of a few eager runs of the same static step (Python + kernel launches)
-  ms_per_token  wall time per generated token over --tokens tokens: replay + host upkeep (LOCKS summarizes each
-                completed page) + the greedy argmax + the accounting, i.e. 1000 / tokens_per_s
-  bytes_per_step = weight bytes + the method's K/V + metadata bytes of one step (the harness's accounting),
+  ms_per_token  wall time per step over --tokens steps: replay + host upkeep (LOCKS summarizes each completed
+                page) + the greedy argmax + the accounting; tokens_per_s = B * 1000 / ms_per_token
+  bytes_per_step = weight bytes + B x the method's K/V + metadata bytes per row (the harness's accounting),
                 byte_floor_ms at --bandwidth, speedup_vs_fullkv (FullKV ms_graph / ms_graph) next to the byte-bound
                 ceiling (FullKV bytes / bytes) for the same shape and context
 and one "check" per method: the replayed step's logits against an eager run of the same static step (max rel err),
@@ -31,11 +34,13 @@ script on CPU at tiny sizes under the Triton interpreter (the static step runs e
 meaningless) and exits non-zero if a check fails.
 
     python scripts/bench_e2e.py --out results/gpu/bench_e2e.jsonl
+    python scripts/bench_e2e.py --batch 1 4 16 --contexts 131072 --out results/gpu/bench_e2e_batch.jsonl
     python scripts/bench_e2e.py --dry-run --out /tmp/e2e.jsonl
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import platform
 import statistics
@@ -65,6 +70,8 @@ def parse_args(argv=None):
     p.add_argument("--contexts", type=int, nargs="+", default=[131072, 262144, 1048576])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--batch", type=int, nargs="+", default=[1],
+                   help="rows per step: B equal-length rows (weights read once per step, K/V per row)")
     p.add_argument("--reps", type=int, default=30, help="timed replays (median; >= 20 on GPU)")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated for the per-token wall time")
     p.add_argument("--eager-reps", type=int, default=3)
@@ -74,8 +81,11 @@ def parse_args(argv=None):
     p.add_argument("--bandwidth", type=float, default=4.5e12, help="bytes/s for the byte floor (H200 measured)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if any(b < 1 for b in args.batch):
+        p.error("--batch takes positive row counts, e.g. --batch 1 4 16")
     if args.dry_run:
         args.contexts = [700]  # not a multiple of 16
+        args.batch = [b for b in args.batch if b <= 2] or [1]  # rows are equal: 2 exercise the batched step
         args.budget = 128
         args.reps, args.tokens, args.eager_reps, args.profile_reps = 2, 20, 1, 1  # 20 tokens cross a page boundary
         args.summaries = args.summaries or "build"
@@ -103,19 +113,20 @@ def build_model(kind: str, overrides: dict, device, dtype):
     return model.eval()
 
 
-def kv_bytes(model, L: int) -> int:
+def kv_bytes(model, L: int, batch: int = 1) -> int:
     c = model.config
-    return 2 * L * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * 2
+    return 2 * batch * L * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * 2
 
 
-def fill_cache(cache, L: int, gen, summaries: str, device, dtype) -> None:
-    """Random K/V at every layer (what a prefill would leave), then each selector's prefill state."""
+def fill_cache(cache, L: int, gen, summaries: str, device, dtype, batch: int = 1) -> None:
+    """Random K/V at every layer for `batch` rows of L tokens (what a prefill would leave), then each selector's
+    prefill state."""
     from locks.core.selector import PrefillContext
 
     cache.phase = "prefill"
-    positions = torch.arange(L, device=device)[None]
+    positions = torch.arange(L, device=device)[None].expand(batch, -1)
     for layer, info in zip(cache.layers, cache.infos):
-        shape = (1, info.num_kv_heads, L, info.head_dim)
+        shape = (batch, info.num_kv_heads, L, info.head_dim)
         k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         layer.update(k, v)
@@ -123,7 +134,7 @@ def fill_cache(cache, L: int, gen, summaries: str, device, dtype) -> None:
         if isinstance(selector, LocksSelector):  # building 2M pages' summaries costs minutes: random or chunked
             n = selector.page_size
             selector.use_summaries(
-                random_summaries(1, info.num_kv_heads, L // n, info.head_dim, selector.rank, n, device, gen)
+                random_summaries(batch, info.num_kv_heads, L // n, info.head_dim, selector.rank, n, device, gen)
                 if summaries == "random" else build_summaries_chunked(k, n, selector.rank))
         else:
             selector.prefill(PrefillContext(keys=k, values=v, queries=k[:, :, :0], positions=positions,
@@ -174,27 +185,28 @@ def profile_step(args, rec: Recorder, base: dict, replay, device) -> None:
     rec.write(dict(kind="profile", **base, time_unit="device_us" if cuda else "cpu_us", total_us_per_step=total,
                    kernels_per_step=calls, top=rows[: args.profile_top]))
     head = ", ".join(f"{r['name'][:40]} {r['us_per_step']:.0f}" for r in rows[:3])
-    print(f"[{base['shape']} L={base['context']}] {base['method']:<7} profile: {calls:.0f} kernels/step, "
+    print(f"[{base['shape']} L={base['context']} B={base['batch']}] {base['method']:<7} profile: {calls:.0f} kernels/step, "
           f"{total:.0f} us; top: {head}", flush=True)
 
 
 def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, device, dtype, weights: int,
-               fullkv: dict | None) -> dict | None:
+               fullkv: dict | None, batch: int = 1) -> dict | None:
     from locks.core.cache import SelectorCache
     from locks.core.registry import MethodSpec
     from locks.core.static_decode import StaticDecodeStep
 
-    base = dict(shape=shape, context=L, method=method, budget=args.budget, batch=1)
+    base = dict(shape=shape, context=L, method=method, budget=args.budget, batch=batch)
+    tag = f"[{shape} L={L} B={batch}]"
     gen = torch.Generator(device=device).manual_seed(args.seed)
     name, backend = METHODS[method]
     cache = SelectorCache(model, MethodSpec(name, args.budget, backend=backend))
-    fill_cache(cache, L, gen, args.summaries, device, dtype)
-    step = StaticDecodeStep(model, cache, 1, L + args.tokens + 2, cuda_graph=device.type == "cuda")
+    fill_cache(cache, L, gen, args.summaries, device, dtype, batch)
+    step = StaticDecodeStep(model, cache, batch, L + args.tokens + 2, cuda_graph=device.type == "cuda")
     vocab = model.config.vocab_size
-    token = torch.randint(0, vocab, (1,), generator=gen, device=device)
+    token = torch.randint(0, vocab, (batch,), generator=gen, device=device)
 
     def place(position):
-        step.input_ids.copy_(token.view(1, 1))
+        step.input_ids.copy_(token.view(batch, 1))
         step.position_ids.fill_(position)
         cache.set_static_position(position)
 
@@ -208,7 +220,7 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         err = rel_err(logits, eager_logits)
         ok = bool(torch.isfinite(logits).all()) and err <= 1e-2
         rec.write(dict(kind="check", **base, check="graph_vs_eager_logits", max_rel_err=err, ok=ok))
-        print(f"[{shape} L={L}] {method:<7} check: replayed vs eager logits max_rel_err {err:.2e} "
+        print(f"{tag} {method:<7} check: replayed vs eager logits max_rel_err {err:.2e} "
               f"{'ok' if ok else 'FAILED'}", flush=True)
         if not ok:
             rec.failures.append(f"{shape} L={L} {method}: graph vs eager logits {err:.2e}")
@@ -234,12 +246,12 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
             graph = time_ms(replay, device, args.reps)
             if args.profile_reps > 0:
                 profile_step(args, rec, base, replay, device)
-    stats = cache.stats.summary()
-    step_bytes = weights + stats["bytes_read_per_step"]
+    stats = cache.stats.summary()  # per row: the weights are read once per step, the K/V and metadata per row
+    step_bytes = weights + batch * stats["bytes_read_per_step"]
     ms = statistics.median(graph)
     out = dict(kind="e2e", **base, ms_graph=ms, ms_graph_min=min(graph), ms_eager=statistics.median(eager),
                timing="cuda_graph" if step.graph is not None else "eager_static", ms_per_token=per_token,
-               tokens_per_s=1e3 / per_token, weights_bytes=weights,
+               tokens_per_s=batch * 1e3 / per_token, weights_bytes=weights,
                kv_and_metadata_bytes_per_step=stats["bytes_read_per_step"], bytes_per_step=step_bytes,
                byte_floor_ms=1e3 * step_bytes / args.bandwidth, attended_tokens=stats["attended_tokens_per_step"],
                summaries=args.summaries if method == "locks" else None)
@@ -247,7 +259,7 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         out.update(speedup_vs_fullkv=fullkv["ms_graph"] / ms, byte_ceiling=fullkv["bytes_per_step"] / step_bytes,
                    fullkv_reference=fullkv["method"])
     rec.write(out)
-    line = (f"[{shape} L={L}] {method:<7} {ms:8.3f} ms/step ({out['timing']}), eager {out['ms_eager']:.3f} ms, "
+    line = (f"{tag} {method:<7} {ms:8.3f} ms/step ({out['timing']}), eager {out['ms_eager']:.3f} ms, "
             f"{out['tokens_per_s']:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, floor {out['byte_floor_ms']:.3f} ms")
     if fullkv is not None:
         line += (f", x{out['speedup_vs_fullkv']:.2f} vs {fullkv['method']} "
@@ -280,22 +292,24 @@ def main(argv=None) -> int:
         kind, overrides = shapes[shape]
         model = build_model(kind, overrides, device, dtype)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
-        for L in args.contexts:
-            need = kv_bytes(model, L + args.tokens + 2) * 1.3  # + selector state and the preallocation copy
+        for L, batch in itertools.product(args.contexts, args.batch):
+            need = kv_bytes(model, L + args.tokens + 2, batch) * 1.3  # + selector state and the preallocation copy
             if device.type == "cuda" and need > torch.cuda.mem_get_info()[0]:
-                rec.write(dict(kind="skip", shape=shape, context=L, reason=f"cache needs ~{need / 2**30:.0f} GiB"))
-                print(f"[{shape} L={L}] skipped: the cache needs ~{need / 2**30:.0f} GiB", flush=True)
+                rec.write(dict(kind="skip", shape=shape, context=L, batch=batch,
+                               reason=f"cache needs ~{need / 2**30:.0f} GiB"))
+                print(f"[{shape} L={L} B={batch}] skipped: the cache needs ~{need / 2**30:.0f} GiB", flush=True)
                 continue
-            fullkv = None  # the fastest FullKV variant measured so far (they run first)
+            fullkv = None  # the fastest FullKV variant measured so far at this (L, B) (they run first)
             for method in sorted(args.methods, key=lambda m: m not in FULLKV):
                 try:
                     result = run_method(args, rec, model, shape, L, method, device, dtype, weights,
-                                        None if method in FULLKV else fullkv)
+                                        None if method in FULLKV else fullkv, batch)
                     if method in FULLKV and (fullkv is None or result["ms_graph"] < fullkv["ms_graph"]):
                         fullkv = result
                 except torch.cuda.OutOfMemoryError as e:
-                    rec.write(dict(kind="skip", shape=shape, context=L, method=method, reason=str(e).splitlines()[0]))
-                    print(f"[{shape} L={L}] {method}: out of memory", flush=True)
+                    rec.write(dict(kind="skip", shape=shape, context=L, batch=batch, method=method,
+                                   reason=str(e).splitlines()[0]))
+                    print(f"[{shape} L={L} B={batch}] {method}: out of memory", flush=True)
                 finally:
                     if device.type == "cuda":
                         torch.cuda.empty_cache()

@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     table.to_csv(args.out / "e2e_table.csv")
     gpus = ", ".join(sorted(set(df["gpu"].dropna().astype(str)))) or "GPU"
     (args.out / "e2e_table.md").write_text(
-        f"Whole decode step (batch 1, CUDA graph) on {gpus}: ms per step, tokens/s, speedup vs FullKV and the "
+        f"Whole decode step (CUDA graph; batch = rows per step) on {gpus}: ms per step, tokens/s, speedup vs FullKV and the "
         f"byte-bound ceiling, GB read per step.\n\n" + report.to_markdown(table, floatfmt="{:.4g}") + "\n")
     written += [args.out / "e2e_table.csv", args.out / "e2e_table.md"]
     print(f"{NAME}: {len(df)} measurements from {rel(src)} -> {len(written)} files in {rel(args.out)}")

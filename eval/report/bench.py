@@ -192,10 +192,12 @@ def load_e2e(files, progress: bool = True) -> pd.DataFrame:
 
 
 def e2e_table(df: pd.DataFrame) -> pd.DataFrame:
-    """rows = (shape, method); per context: ms per step (graph replay), tokens/s, speedup vs FullKV and the
-    byte-bound ceiling (FullKV bytes / the method's bytes, weights included), GB read per step."""
+    """rows = (shape, batch, method); per context: ms per step (graph replay), tokens/s (all rows), speedup vs
+    FullKV at the same batch and the byte-bound ceiling (FullKV bytes / the method's bytes, weights included), GB
+    read per step."""
     rows = {}
-    for (shape, method), g in df.groupby(["shape", "method"], sort=True):
+    df = df.assign(batch=_batches(df))
+    for (shape, batch, method), g in df.groupby(["shape", "batch", "method"], sort=True):
         row = {}
         for _, r in g.sort_values("context").iterrows():
             c = tokens_label(r["context"])
@@ -205,27 +207,35 @@ def e2e_table(df: pd.DataFrame) -> pd.DataFrame:
                 row[f"speedup@{c}"] = r["speedup_vs_fullkv"]
                 row[f"ceiling@{c}"] = r["byte_ceiling"]
             row[f"GB@{c}"] = r["bytes_per_step"] / 1e9
-        rows[(shape, method)] = row
+        rows[(shape, batch, method)] = row
     out = pd.DataFrame.from_dict(rows, orient="index")
     kinds = ["ms", "tok/s", "speedup", "ceiling", "GB"]
     out = out[sorted(out.columns, key=lambda c: (kinds.index(c.split("@")[0]), _ctx_value(c.split("@")[1])))]
-    out.index = pd.MultiIndex.from_tuples(out.index, names=["shape", "method"])
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["shape", "batch", "method"])
     return out
+
+
+def _batches(df: pd.DataFrame) -> pd.Series:
+    """Each record's batch (rows per step); records written before bench_e2e.py took --batch were batch 1."""
+    return df["batch"].fillna(1).astype(int) if "batch" in df else pd.Series(1, index=df.index)
 
 
 def plot_e2e_speedup(df: pd.DataFrame):
     """Whole-step speedup over FullKV vs context, one panel per model shape, one colour per method: measured
     (solid) and the byte-bound ceiling (dashed). Returns the Figure."""
     shapes = sorted(df["shape"].unique())
+    df = df.assign(batch=_batches(df))
+    several = df["batch"].nunique() > 1
     fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 3.6), squeeze=False, layout="constrained")
     for ax, shape in zip(axes[0], shapes):
         sub = df[(df["shape"] == shape)].dropna(subset=["speedup_vs_fullkv"])
-        for method in sorted(sub["method"].unique()):
-            s = sub[sub["method"] == method].sort_values("context")
+        for (method, batch), s in sub.groupby(["method", "batch"], sort=True):
+            s = s.sort_values("context")
             x = s["context"].to_numpy(float)
-            line, = ax.plot(x, s["speedup_vs_fullkv"].to_numpy(float), marker="o", label=method)
+            label = f"{method} B={batch}" if several else method
+            line, = ax.plot(x, s["speedup_vs_fullkv"].to_numpy(float), marker="o", label=label)
             ax.plot(x, s["byte_ceiling"].to_numpy(float), linestyle="--", color=line.get_color(),
-                    label=f"{method} byte ceiling")
+                    label=f"{label} byte ceiling")
         ax.axhline(1.0, color="black", linestyle=":", label="FullKV")
         _context_axis(ax, df["context"].unique())
         ax.set_ylabel("decode-step speedup vs FullKV")

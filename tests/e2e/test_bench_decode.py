@@ -77,18 +77,28 @@ def test_bench_decode_arguments():
 
 def test_bench_e2e_dry_run(tmp_path):
     """scripts/bench_e2e.py --dry-run: random-weight GLM-shaped model, cache filled at 700 tokens, the static step
-    for FullKV / LOCKS / Quest (eager on CPU), its check against an eager run, and the e2e records."""
+    for FullKV / LOCKS / Quest (eager on CPU) at batch 1 and 2, its check against an eager run, and the e2e records:
+    equal rows read the same bytes per row, and the weights once per step."""
     out = tmp_path / "e2e.jsonl"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_e2e.py"), "--dry-run", "--shapes", "glm",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                           "--batch", "1", "2", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert recs[0]["kind"] == "run" and recs[0]["script"] == "bench_e2e"
-    e2e = {r["method"]: r for r in recs if r["kind"] == "e2e"}
-    checks = {r["method"]: r for r in recs if r["kind"] == "check"}
-    assert set(e2e) == set(checks) == {"fullkv", "fullkv_sdpa", "locks", "quest"}
-    assert all(c["ok"] and c["max_rel_err"] <= 1e-2 for c in checks.values())
+    checks = [r for r in recs if r["kind"] == "check"]
+    assert len(checks) == 8 and all(c["ok"] and c["max_rel_err"] <= 1e-2 for c in checks)
+    pairs = {(r["method"], r["batch"]): r for r in recs if r["kind"] == "e2e"}
+    assert set(pairs) == {(m, b) for m in ("fullkv", "fullkv_sdpa", "locks", "quest") for b in (1, 2)}
+    for (method, batch), r in pairs.items():  # bytes per row; the rows' random K/V differ, so only FullKV is exact
+        if batch == 2:
+            one = pairs[(method, 1)]
+            assert r["bytes_per_step"] == pytest.approx(r["weights_bytes"] + 2 * r["kv_and_metadata_bytes_per_step"])
+            tol = 0 if method.startswith("fullkv") else 0.05
+            assert r["kv_and_metadata_bytes_per_step"] == pytest.approx(one["kv_and_metadata_bytes_per_step"],
+                                                                        rel=tol), method
+            assert r["attended_tokens"] == pytest.approx(one["attended_tokens"], rel=tol), method
+    e2e = {m: r for (m, b), r in pairs.items() if b == 1}
     for method, r in e2e.items():
         assert r["ms_graph"] > 0 and r["tokens_per_s"] > 0 and r["timing"] == "eager_static"
         assert r["bytes_per_step"] > r["weights_bytes"] > 0

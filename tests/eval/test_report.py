@@ -4,6 +4,7 @@ the written files and the matplotlib objects; and paper_figs/make_all.py on the 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import subprocess
 import sys
@@ -275,16 +276,17 @@ def test_latency_figure_and_table(results, tmp_path):
     assert len(res["latency"]) == 0 and "15 CPU dry-run records ignored" in res["skipped"][0]
 
 
-def e2e_records(path: Path, timing: str = "cuda_graph") -> Path:
-    """JSON lines in scripts/bench_e2e.py's format (a run record, e2e measurements, checks and a profile)."""
+def e2e_records(path: Path, timing: str = "cuda_graph", batches=(1,)) -> Path:
+    """JSON lines in scripts/bench_e2e.py's format (a run record, e2e measurements, checks and a profile); at batch
+    B the weights are read once and the K/V B times."""
     recs = [{"kind": "run", "script": "bench_e2e", "device": "NVIDIA H200", "args": {}}]
-    for ctx in (131072, 262144, 1048576):
-        full_bytes = 18.8e9 + ctx * 40 * 2 * 2 * 128 * 2
+    for ctx, batch in itertools.product((131072, 262144, 1048576), batches):
+        full_bytes = 18.8e9 + batch * ctx * 40 * 2 * 2 * 128 * 2
         full_ms = full_bytes / 4.5e9 * 1.1
         for method, ratio in (("fullkv", 1.0), ("locks", None), ("quest", None)):
-            step_bytes = full_bytes if ratio else 18.8e9 + 2e8
+            step_bytes = full_bytes if ratio else 18.8e9 + batch * 2e8
             ms = full_ms if ratio else step_bytes / 4.5e9 * 1.2
-            r = {"kind": "e2e", "shape": "glm", "context": ctx, "method": method, "budget": 2048, "batch": 1,
+            r = {"kind": "e2e", "shape": "glm", "context": ctx, "method": method, "budget": 2048, "batch": batch,
                  "summaries": "random" if method == "locks" else None, "ms_graph": ms, "timing": timing,
                  "tokens_per_s": 1e3 / (ms * 1.05), "bytes_per_step": step_bytes, "weights_bytes": 18.8e9}
             if method != "fullkv":
@@ -304,15 +306,25 @@ def test_e2e_table_and_figure(tmp_path):
     table = report.e2e_table(df)
     full_bytes = 18.8e9 + 1048576 * 40 * 2 * 2 * 128 * 2
     ceiling = full_bytes / (18.8e9 + 2e8)
-    assert table.loc[("glm", "locks"), "ceiling@1M"] == pytest.approx(ceiling)
-    assert table.loc[("glm", "locks"), "speedup@1M"] == pytest.approx(ceiling * 1.1 / 1.2)
-    assert table.loc[("glm", "fullkv"), "GB@128K"] == pytest.approx((18.8e9 + 131072 * 40 * 1024) / 1e9)
+    assert table.loc[("glm", 1, "locks"), "ceiling@1M"] == pytest.approx(ceiling)
+    assert table.loc[("glm", 1, "locks"), "speedup@1M"] == pytest.approx(ceiling * 1.1 / 1.2)
+    assert table.loc[("glm", 1, "fullkv"), "GB@128K"] == pytest.approx((18.8e9 + 131072 * 40 * 1024) / 1e9)
     assert list(table.columns[:3]) == ["ms@128K", "ms@256K", "ms@1M"]
     fig = report.plot_e2e_speedup(df)
     lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
     assert {"locks", "locks byte ceiling", "quest", "quest byte ceiling", "FullKV"} <= set(lines)
     assert lines["locks byte ceiling"].get_linestyle() == "--"
     assert lines["locks"].get_ydata()[-1] == pytest.approx(ceiling * 1.1 / 1.2)
+    plt.close(fig)
+    # batch 1 and 4 apart: a row per (shape, batch, method), a line per method and batch
+    both = report.load_e2e([e2e_records(tmp_path / "batched" / "e2e.jsonl", batches=(1, 4))])
+    table = report.e2e_table(both)
+    assert len(table) == 6
+    full4 = 18.8e9 + 4 * 1048576 * 40 * 2 * 2 * 128 * 2
+    assert table.loc[("glm", 4, "locks"), "ceiling@1M"] == pytest.approx(full4 / (18.8e9 + 4 * 2e8))
+    assert table.loc[("glm", 1, "locks"), "ceiling@1M"] == pytest.approx(ceiling)
+    fig = report.plot_e2e_speedup(both)
+    assert {"locks B=1", "locks B=4", "locks B=4 byte ceiling"} <= {ln.get_label() for ln in fig.axes[0].get_lines()}
     plt.close(fig)
     # CPU dry-run records are ignored; the same measurements twice are an error
     dry = e2e_records(tmp_path / "dry" / "e2e.jsonl", timing="eager_static")
