@@ -19,6 +19,14 @@ from eval.stats import bootstrap_ci
 # static_decode (eager steps or one captured CUDA graph) computes the same selections and attention up to float
 # rounding, like method.backend below; both are recorded in metrics.json (decode_mode, attn_backend)
 NOT_HASHED = ("logger", "paths", "hydra", "static_decode")
+# wall-clock fields of predictions rows and metrics.json: the only ones that differ between identical runs
+TIMING_FIELDS = frozenset({"seconds", "prefill_seconds", "decode_seconds", "seconds_per_sample",
+                           "prefill_seconds_per_sample", "decode_seconds_per_sample"})
+
+
+def without_timings(record: dict) -> dict:
+    """A predictions row or metrics.json without its wall-clock fields (TIMING_FIELDS), to compare runs."""
+    return {k: v for k, v in record.items() if k not in TIMING_FIELDS}
 
 
 def run_key(config: dict) -> str:

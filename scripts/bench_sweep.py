@@ -110,8 +110,9 @@ def sweep(args, work: Path, name: str, launcher: list[str], cells: list[tuple[st
 
 
 def predictions(runs: Path) -> dict:
-    return {p.name: [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")}
-                     for line in (p / "predictions.jsonl").read_text().splitlines()]
+    from eval.results import without_timings
+
+    return {p.name: [without_timings(json.loads(line)) for line in (p / "predictions.jsonl").read_text().splitlines()]
             for p in sorted(runs.iterdir()) if (p / "predictions.jsonl").exists()}
 
 

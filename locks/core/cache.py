@@ -217,7 +217,6 @@ class SelectorCache(Cache):
         self.prefill_backend = prefill_backend(weight.device, weight.dtype)
         self.method = method
         self.window_layers = window_layers
-        self.layer_types = list(getattr(config, "layer_types", None) or [])  # what the rotary embedding is keyed by
         infos = [
             LayerInfo(
                 layer_idx=i,
@@ -234,6 +233,10 @@ class SelectorCache(Cache):
         super().__init__(layers=[SelectorLayer(self._build(info)) for info in infos])
         self.infos = infos
         self.rotary_emb = model.model.rotary_emb
+        # a model with one rotary embedding per layer type (Gemma 3) asks for the layer's type in its forward, as
+        # config.layer_types names it (what the model's own layers index their position embeddings by)
+        self.rope_layer_types = ((getattr(config, "layer_types", None) or []) if "layer_type" in
+                                 inspect.signature(self.rotary_emb.forward).parameters else None)
         self.model_type = getattr(config, "model_type", None)
         self.phase = "prefill"
         self.max_new_tokens = None  # set by `generate` before the prefill
@@ -395,11 +398,11 @@ class SelectorCache(Cache):
             raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the RoPE layouts of "
                               f"{sorted(ROPE_LAYOUTS)}; model_type {self.model_type!r} is not among them")
         kwargs = {}
-        if "layer_type" in inspect.signature(self.rotary_emb.forward).parameters:
-            if layer_idx is None or not self.layer_types:
+        if self.rope_layer_types is not None:
+            if layer_idx is None or not self.rope_layer_types:
                 raise ConfigError(f"model_type {self.model_type!r} rotates each layer type with its own RoPE: the "
                                   f"rotation needs the layer (config.layer_types)")
-            kwargs["layer_type"] = self.layer_types[layer_idx]
+            kwargs["layer_type"] = self.rope_layer_types[layer_idx]
         cos, sin = self.rotary_emb(keys, position_ids=positions, **kwargs)
         cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
         if layout == "half" and 2 * cos.shape[-1] == keys.shape[-1]:  # GPT-OSS: one angle per channel pair

@@ -12,6 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from eval.results import without_timings
 from locks.core.registry import discover
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,8 +21,6 @@ BASE = ["model=tiny_random_llama", "benchmark.context_length=1024", "benchmark.n
 # every registered method once; the methods that share budget-independent prefill work (PrefillContext.shared) at a
 # second budget too: two runs of one method in a group, the second served from the memo
 JOBS = [(name, 128) for name in sorted(discover())] + [(name, 256) for name in ("locks", "shadowkv", "lrqk", "rocketkv")]
-TIMING = {"seconds", "seconds_per_sample", "prefill_seconds", "prefill_seconds_per_sample", "decode_seconds",
-          "decode_seconds_per_sample"}
 
 
 def configs(runs_dir: Path):
@@ -35,12 +34,11 @@ def configs(runs_dir: Path):
 
 
 def rows(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-            for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
+    return [without_timings(json.loads(line)) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
 
 
 def metrics(run_dir: Path) -> dict:
-    return {k: v for k, v in json.loads((run_dir / "metrics.json").read_text()).items() if k not in TIMING}
+    return without_timings(json.loads((run_dir / "metrics.json").read_text()))
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from eval.results import without_timings
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny_random_llama", "benchmark.context_length=1024", "logger=none"]
 
@@ -202,8 +204,7 @@ def test_a_finished_run_missing_its_last_line_reruns_that_sample(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(1 samples done, 1 to go)" in again.stdout and "skipped" not in again.stdout
     after = read_rows(run_dir)
-    assert [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in after] == \
-        [{k: v for k, v in r.items() if not k.endswith("seconds")} for r in before]
+    assert [without_timings(r) for r in after] == [without_timings(r) for r in before]
 
 
 @pytest.mark.slow

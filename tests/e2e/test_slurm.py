@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from eval.results import without_timings
+
 pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,8 +133,7 @@ def test_grouped_sweep_on_slurm_is_one_job_and_writes_what_the_per_job_sweep_wri
     assert basic.returncode == 0, basic.stderr[-3000:]
 
     def predictions(root):
-        return {p.name: [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")}
-                         for line in (p / "predictions.jsonl").read_text().splitlines()]
+        return {p.name: [without_timings(json.loads(line)) for line in (p / "predictions.jsonl").read_text().splitlines()]
                 for p in root.iterdir() if p.is_dir()}
 
     assert predictions(tmp_path / "grouped") == predictions(tmp_path / "basic") and len(predictions(tmp_path / "basic")) == 4
