@@ -32,7 +32,7 @@ from eval.results import (
 )
 from eval.tracking import build_logger
 from locks.core.cache import SelectorCache, prefill_backend
-from locks.core.generation import generate
+from locks.core.generation import Row, generate, generate_rows
 from locks.core.prefill import replay_prefill
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, resolve_backend
@@ -89,6 +89,7 @@ def prepare_job(config: dict, cfg) -> Job:
     the run key and directory. FullKV's budget changes nothing, so it is left out of the key: one run serves a
     whole sweep."""
     method = check_method(config)
+    batch_size(config)
     if not method.selector_class().uses_budget:
         method_cfg = {k: v for k, v in config["method"].items() if k != "budget_mode"}
         config = {**config, "budget": None, "method": {**method_cfg, "budget": None}}
@@ -125,15 +126,44 @@ def run_benchmark(config: dict, cfg) -> dict:
             samples = benchmark.samples(loaded.tokenizer, int(job.config["seed"]))
         done, todo = pending(job, samples)
         logger = build_logger(cfg.logger, job.config, job.key, job.out_dir, run_dir_name(job.config))
+        size = batch_size(job.config)
         try:
-            with open(job.out_dir / "predictions.jsonl", "a") as f:
-                for sample in tqdm(todo, desc=job.label, unit="sample"):
-                    row = run_sample(loaded, job.method, sample, benchmark, job.config)
+            with open(job.out_dir / "predictions.jsonl", "a") as f, \
+                    tqdm(total=len(todo), desc=job.label, unit="sample") as bar:
+                def write(row: dict) -> None:
                     append_prediction(f, row)
                     done.append(row)
-            return finish_job(job, loaded, benchmark, done, logger)
+                    bar.update()
+
+                for batch in batches(todo, size):
+                    if size == 1:
+                        write(run_sample(loaded, job.method, batch[0], benchmark, job.config))
+                    else:
+                        run_batch(loaded, job.method, batch, benchmark, job.config, write)
+            return finish_job(job, loaded, benchmark, in_order(done, samples), logger)
         finally:
             logger.finish()
+
+
+def batch_size(config: dict) -> int:
+    """config["batch_size"]: samples decoded together (docs/batching.md), a positive integer."""
+    size = config.get("batch_size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"batch_size must be a positive number of samples decoded together (got {size!r}); "
+                          f"1 decodes one sample at a time")
+    return size
+
+
+def batches(samples: list, size: int) -> list[list]:
+    """Consecutive groups of `size` samples, in the benchmark's order (the last one may be shorter)."""
+    return [samples[i : i + size] for i in range(0, len(samples), size)]
+
+
+def in_order(rows: list[dict], samples: list[dict]) -> list[dict]:
+    """The rows in the benchmark's sample order (a batch writes each row when its sample finishes), so that a
+    run's metrics do not depend on its batch size."""
+    order = {sample_id(s): i for i, s in enumerate(samples)}
+    return sorted(rows, key=lambda r: order.get(sample_id(r), len(order)))
 
 
 def start_job(job: Job) -> dict | None:
@@ -180,6 +210,7 @@ def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
         benchmark=benchmark.run_record(loaded.tokenizer),
         attn_backend=resolve_backend(job.method.backend, loaded.device),
         decode_mode=",".join(sorted({str(r.get("decode_mode", "eager")) for r in done})),
+        batch_size=batch_size(config),
         prefill_backend=prefill_backend(loaded.device, loaded.dtype),
         model_license=model_license(config["model"]),
         versions={p: importlib.metadata.version(p) for p in ("torch", "transformers", "wonderwords")},
@@ -250,30 +281,81 @@ def prompt_ids(loaded, sample: dict) -> torch.Tensor:
     return loaded.tokenizer(sample["input"], add_special_tokens=False, return_tensors="pt").input_ids.to(loaded.device)
 
 
-def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict, capture=None,
-               prefill_seconds: float = 0.0) -> dict:
-    """One sample of one run -> its predictions.jsonl row. With `capture` (a PrefillCapture of this sample's prompt,
-    shared by a group of runs) the prefill is replayed instead of run; `seconds` then counts the shared prefill's
-    time (`prefill_seconds`) plus this run's replay and decode, what a separate run would spend."""
-    tok = loaded.tokenizer
+def new_cache(loaded, method: MethodSpec, config: dict) -> SelectorCache:
+    return SelectorCache(loaded.model, method, kv_element_bytes=int(config["kv_element_bytes"]),
+                         measure_coverage=bool(config["measure_coverage"]))
+
+
+def stop_token_ids(loaded, sample: dict) -> list[int]:
+    """The model's EOS tokens and the sample's own stop tokens."""
+    return list(loaded.eos_token_ids) + [t for t in sample.get("stop_token_ids", []) if t not in loaded.eos_token_ids]
+
+
+def sample_row(loaded, method: MethodSpec, sample: dict, config: dict, capture=None) -> tuple[Row, float]:
+    """A sample ready to decode: its own cache, prompt and stopping rule, with the prompt replayed from `capture`
+    (a group's PrefillCapture; without one, the model prefills it when it decodes) -> (row, replay seconds)."""
     ids = prompt_ids(loaded, sample)
-    cache = SelectorCache(loaded.model, method, kv_element_bytes=int(config["kv_element_bytes"]),
-                          measure_coverage=bool(config["measure_coverage"]))
+    cache = new_cache(loaded, method, config)
     start = time.perf_counter()
-    stop_ids = list(loaded.eos_token_ids) + [t for t in sample.get("stop_token_ids", []) if t not in loaded.eos_token_ids]
     logits = None
     if capture is not None:
         logits = replay_prefill(cache, capture)
     else:
         events.record("prefill", tokens=int(ids.shape[1]))
-    replay_seconds = time.perf_counter() - start
-    out = generate(loaded.model, cache, ids, int(sample["max_new_tokens"]), stop_ids,
-                   min_new_tokens=int(sample.get("min_new_tokens", 0)),
-                   static_decode=config.get("static_decode", False), prefill_logits=logits)
+    row = Row(cache, ids, int(sample["max_new_tokens"]), stop_token_ids(loaded, sample),
+              int(sample.get("min_new_tokens", 0)), logits)
+    return row, time.perf_counter() - start
+
+
+def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict, capture=None,
+               prefill_seconds: float = 0.0) -> dict:
+    """One sample of one run -> its predictions.jsonl row. With `capture` (a PrefillCapture of this sample's prompt,
+    shared by a group of runs) the prefill is replayed instead of run; `seconds` then counts the shared prefill's
+    time (`prefill_seconds`) plus this run's replay and decode, what a separate run would spend."""
+    start = time.perf_counter()
+    row, replay_seconds = sample_row(loaded, method, sample, config, capture)
+    cache = row.cache
+    out = generate(loaded.model, cache, row.input_ids, row.max_new_tokens, row.eos_token_ids,
+                   min_new_tokens=row.min_new_tokens, static_decode=config.get("static_decode", False),
+                   prefill_logits=row.prefill_logits)
     own = time.perf_counter() - start
     events.record("run_sample", seconds=round(own, 4), method=method.name, shared_prefill=capture is not None)
-    seconds = own + prefill_seconds
-    prediction = tok.decode(out[0], skip_special_tokens=True)
+    return sample_record(loaded, sample, benchmark, row.input_ids, out[0].tolist(), cache, own + prefill_seconds,
+                         prefill_seconds + replay_seconds + cache.prefill_seconds)
+
+
+def run_batch(loaded, method: MethodSpec, samples: list[dict], benchmark, config: dict, on_record,
+              captures: list | None = None, prefill_seconds: list[float] | None = None) -> list[Row]:
+    """Several samples of one run decoded together (`batch_size` > 1, docs/batching.md): each prefilled (or
+    replayed from its capture) on its own cache, then decoded in one batch whose rows stop on their own.
+    `on_record(row)` receives each sample's predictions.jsonl row as soon as that sample has finished; the row is
+    the one `run_sample` writes for it, with `seconds` counting its prefill and its share of the batched steps.
+    Returns the decoded rows (their caches, for a benchmark's memory account)."""
+    captures = captures or [None] * len(samples)
+    prefill_seconds = prefill_seconds or [0.0] * len(samples)
+    rows, replayed = [], []
+    for sample, capture in zip(samples, captures):
+        row, seconds = sample_row(loaded, method, sample, config, capture)
+        rows.append(row)
+        replayed.append(seconds)
+    index = {id(row): i for i, row in enumerate(rows)}
+
+    def finished(row: Row) -> None:
+        i = index[id(row)]
+        cache = row.cache
+        own = replayed[i] + cache.prefill_seconds + row.decode_seconds
+        events.record("run_sample", seconds=round(own, 4), method=method.name, shared_prefill=captures[i] is not None,
+                      batch=len(rows))
+        on_record(sample_record(loaded, samples[i], benchmark, row.input_ids, row.tokens, cache,
+                                own + prefill_seconds[i], prefill_seconds[i] + replayed[i] + cache.prefill_seconds))
+
+    return generate_rows(loaded.model, rows, static_decode=config.get("static_decode", False), on_finish=finished)
+
+
+def sample_record(loaded, sample: dict, benchmark, ids, tokens: list[int], cache: SelectorCache, seconds: float,
+                  prefill_seconds: float) -> dict:
+    """A finished sample's predictions.jsonl row: prediction and score, its cache's accounting and its timings."""
+    prediction = loaded.tokenizer.decode(tokens, skip_special_tokens=True)
     stats = cache.stats.summary()
     return {
         "id": sample_id(sample),
@@ -284,10 +366,10 @@ def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict
         "prediction": prediction,
         "references": sample["outputs"],
         "score": benchmark.score(prediction, sample),
-        "generated_tokens": int(out.shape[1]),
+        "generated_tokens": len(tokens),
         "seconds": round(seconds, 3),
         # the prefill (a group's shared one plus this run's replay, or the run's own) and the decode, apart
-        "prefill_seconds": round(prefill_seconds + replay_seconds + cache.prefill_seconds, 3),
+        "prefill_seconds": round(prefill_seconds, 3),
         "decode_seconds": round(cache.decode_seconds, 3),
         "decode_mode": cache.decode_mode,
         **stats,

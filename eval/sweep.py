@@ -22,13 +22,17 @@ from eval import events
 from eval.benchmarks import build_benchmark
 from eval.results import append_prediction, run_dir_name, sample_id
 from eval.runner import (
+    batch_size,
+    batches,
     check_context,
     finish_job,
+    in_order,
     load_checked,
     locked,
     pending,
     prepare_job,
     prompt_ids,
+    run_batch,
     run_sample,
     seed_everything,
     start_job,
@@ -121,28 +125,43 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
                      1.0)
     positions = query_positions_needed([job.method.build(info) for job in jobs])
     files = {job.out_dir: open(job.out_dir / "predictions.jsonl", "a") for job in jobs}
+    size = batch_size(config)
     peak = 0
     try:
         needed = [s for s in samples if any(sample_id(s) in todo[j.out_dir] for j in jobs)]
-        bar = tqdm(needed, desc=f"group of {len(jobs)} runs", unit="sample", disable=not progress)
-        for sample in bar:
-            ids = prompt_ids(loaded, sample)
-            start = time.perf_counter()
-            with events.timed("prefill", tokens=int(ids.shape[1]), shared_by=len(jobs)):
-                capture = capture_prefill(loaded.model, ids, int(sample["max_new_tokens"]), positions)
-            prefill_seconds = time.perf_counter() - start
+        bar = tqdm(total=len(needed), desc=f"group of {len(jobs)} runs", unit="sample", disable=not progress)
+        for batch in batches(needed, size):
+            captures, prefill_seconds = [], []
+            for sample in batch:
+                ids = prompt_ids(loaded, sample)
+                start = time.perf_counter()
+                with events.timed("prefill", tokens=int(ids.shape[1]), shared_by=len(jobs)):
+                    captures.append(capture_prefill(loaded.model, ids, int(sample["max_new_tokens"]), positions))
+                prefill_seconds.append(time.perf_counter() - start)
             for job in jobs:
-                if sample_id(sample) not in todo[job.out_dir]:
+                mine = [i for i, s in enumerate(batch) if sample_id(s) in todo[job.out_dir]]
+                if not mine:
                     continue
                 rng = state[job.out_dir]
                 rng.restore()
-                row = run_sample(loaded, job.method, sample, benchmark, job.config, capture=capture,
-                                 prefill_seconds=prefill_seconds)
+
+                def write(row: dict, job=job) -> None:
+                    append_prediction(files[job.out_dir], row)
+                    done[job.out_dir].append(row)
+
+                if size == 1:
+                    write(run_sample(loaded, job.method, batch[0], benchmark, job.config, capture=captures[0],
+                                     prefill_seconds=prefill_seconds[0]))
+                else:
+                    run_batch(loaded, job.method, [batch[i] for i in mine], benchmark, job.config, write,
+                              captures=[captures[i] for i in mine],
+                              prefill_seconds=[prefill_seconds[i] for i in mine])
                 rng.save()
-                append_prediction(files[job.out_dir], row)
-                done[job.out_dir].append(row)
-            peak = max(peak, capture.nbytes)  # the capture and its memos, after every run of the sample
-            del capture
+            # the captures and their memos, after every run of the batch
+            peak = max(peak, sum(capture.nbytes for capture in captures))
+            bar.update(len(batch))
+            del captures
+        bar.close()
         for f in files.values():
             f.close()
         events.record("group_done", runs=len(jobs), prefills=len(needed), capture_peak_bytes=peak)
@@ -152,7 +171,8 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
         for job in jobs:  # one W&B run at a time
             logger = build_logger(cfg.logger, job.config, job.key, job.out_dir, run_dir_name(job.config))
             try:
-                results[job.out_dir] = finish_job(job, loaded, benchmark, done[job.out_dir], logger)
+                results[job.out_dir] = finish_job(job, loaded, benchmark, in_order(done[job.out_dir], samples),
+                                                  logger)
             finally:
                 logger.finish()
         return results

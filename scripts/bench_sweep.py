@@ -109,6 +109,14 @@ def sweep(args, work: Path, name: str, launcher: list[str], cells: list[tuple[st
     return out
 
 
+def warm_model_cache(extra: list[str]) -> None:
+    """Load the run's model once in a process of its own, so that model.cache_dir holds its dequantized copy."""
+    warm = [sys.executable, "-c", "from hydra import compose, initialize_config_dir; "
+            f"initialize_config_dir(config_dir='{ROOT / 'conf'}', version_base='1.3'); "
+            f"from locks.core.models import load_model; load_model(compose('config', overrides={extra!r}).model)"]
+    subprocess.run(warm, cwd=ROOT, check=True, capture_output=True)
+
+
 def predictions(runs: Path) -> dict:
     from eval.results import without_timings
 
@@ -120,10 +128,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_sweep-"))
     work.mkdir(parents=True, exist_ok=True)
-    warm = [sys.executable, "-c", "from omegaconf import OmegaConf; from hydra import compose, initialize_config_dir; "
-            f"initialize_config_dir(config_dir='{ROOT / 'conf'}', version_base='1.3'); "
-            f"from locks.core.models import load_model; load_model(compose('config', overrides={args.extra!r}).model)"]
-    subprocess.run(warm, cwd=ROOT, check=True, capture_output=True)  # the model cache: neither sweep dequantizes
+    warm_model_cache(args.extra)  # neither sweep dequantizes the GGUF
     cells = valid_cells(args)
     per_job, grouped, identical = [], [], True
     for r in range(args.repeats):

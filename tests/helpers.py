@@ -272,3 +272,24 @@ def default_method_options(name: str) -> dict | None:
     top = OmegaConf.create({k: v for k, v in top.items() if k not in ("defaults", "hydra", "paths", "method")})
     cfg = OmegaConf.to_container(OmegaConf.merge(top, {"method": OmegaConf.load(path)}), resolve=True)["method"]
     return {k: v for k, v in cfg.items() if k not in ("name", "budget", "backend")}
+
+
+def assert_records_close(got, want, where="", rel=1e-6, loose=None) -> None:
+    """Two predictions rows or metrics.json records (timings removed) equal in every field, floats to `rel`: what a
+    batch of rows records against batch 1, whose batched matrix products round differently. `loose`: {field name:
+    rel} for fields allowed a larger relative difference."""
+    import pytest
+
+    loose = loose or {}
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), (where, sorted(set(got) ^ set(want)))
+        for key in want:
+            assert_records_close(got[key], want[key], f"{where}.{key}", loose.get(key, rel), loose)
+    elif isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_records_close(a, b, f"{where}[{i}]", rel, loose)
+    elif isinstance(want, float) and not isinstance(got, bool):
+        assert got == pytest.approx(want, rel=rel, abs=1e-12), (where, got, want)
+    else:
+        assert got == want, (where, got, want)

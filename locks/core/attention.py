@@ -17,6 +17,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from locks.core.batch import RowBatch, row_attention
 from locks.core.cache import SOFTCAP_ERROR
 from locks.core.reference import (add_sinks, attended_per_kv_head, dense_attention, dense_lse, lse_with_sinks,
                                   paged_attended, paged_tokens, sparse_decode)
@@ -68,6 +69,9 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         )
     if kwargs.get("softcap") is not None:
         raise ConfigError(SOFTCAP_ERROR.format(kwargs["softcap"]))
+    if isinstance(cache, RowBatch):  # several samples, each on its own cache (locks/core/batch.py)
+        return row_attention(sparse_kv_attention, module, query, attention_mask, dropout, scaling, cache,
+                             **{k: v for k, v in kwargs.items() if k != "sparse_cache"})
     layer_idx = module.layer_idx
     if cache.phase == "prefill":  # what transformers passes decides the layer's type (docs/architecture.md)
         cache.configure_layer(layer_idx, kwargs.get("sliding_window"),
@@ -150,8 +154,8 @@ def check_no_padding(mask: Tensor | None, length: int, window: int | None) -> No
     if window is not None:
         expected = torch.arange(length, device=mask.device) >= length - window
     if not bool((mask == expected).all()):
-        raise ConfigError("batches with left padding are not supported by the selectors; use batch size 1 "
-                          "(the runner does) or equal-length prompts")
+        raise ConfigError("batches with left padding are not supported by the selectors (pads would enter their "
+                          "pages); decode rows of their own lengths instead (batch_size, docs/batching.md)")
 
 
 def dense_decode(module, query, key, value, attention_mask, scaling, sinks, dropout=0.0, **kwargs) -> Tensor:

@@ -7,9 +7,12 @@ graph on CUDA (`locks/core/static_decode.py`); "auto" picks the static step on C
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
+from locks.core.batch import RowBatch
 from locks.core.cache import SelectorCache
 from locks.core.static_decode import StaticDecodeStep
 from locks.errors import ConfigError
@@ -90,3 +93,111 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
         torch.cuda.synchronize()
     cache.decode_seconds = time.perf_counter() - start  # the first token's pick, then every decode step
     return torch.stack(out, dim=1)
+
+
+@dataclass
+class Row:
+    """One sample of a batched generation (`generate_rows`): its own cache, prompt and stopping rule; the
+    generated tokens and its share of the decode time are filled in."""
+
+    cache: SelectorCache
+    input_ids: torch.Tensor  # [1, L] (no padding)
+    max_new_tokens: int
+    eos_token_ids: list[int] | tuple[int, ...] = ()
+    min_new_tokens: int = 0
+    prefill_logits: torch.Tensor | None = None  # [1, vocab]: the prompt is already in `cache` (replay_prefill)
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+    decode_seconds: float = 0.0  # the first token's pick plus its share of every batched step it took part in
+
+    @property
+    def position(self) -> int:  # where the next step's input token (the last generated one) goes
+        return self.input_ids.shape[1] + len(self.tokens) - 1
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """The next token from logits [vocab], as `generate` picks it (EOS masked before min_new_tokens)."""
+        if len(self.tokens) < self.min_new_tokens and len(self.eos_token_ids):
+            eos = torch.tensor(list(self.eos_token_ids), device=logits.device, dtype=torch.long)
+            logits = logits.index_fill(-1, eos, float("-inf"))
+        return int(logits.argmax(-1))
+
+    def take(self, token: int) -> None:
+        self.tokens.append(token)
+        self.finished = token in self.eos_token_ids or len(self.tokens) >= self.max_new_tokens
+
+
+@torch.inference_mode()
+def generate_rows(model, rows: list[Row], static_decode=False,
+                  on_finish: Callable[[Row], None] | None = None) -> list[Row]:
+    """Greedy decoding of several samples at once (docs/batching.md): each row's prefill on its own cache (or
+    replayed), then decode steps over every unfinished row together, each row at its own position and length.
+
+    Every row generates the tokens `generate` gives its sample alone and its cache's stats are the ones batch 1
+    records (steps, bytes, coverage, diagnostics). `on_finish(row)` is called as soon as a row is finished, with
+    its cache's decode_mode / prefill_seconds / decode_seconds set. Eager steps drop finished rows; a static step
+    (one capture per batch) keeps them in place and stops advancing them.
+    """
+    if not rows:
+        return rows
+    device = rows[0].input_ids.device
+    static = use_static_decode(static_decode, rows[0].cache, device) and max(r.max_new_tokens for r in rows) > 1
+    for row in rows:
+        start = time.perf_counter()
+        if row.prefill_logits is None:
+            row.cache.phase = "prefill"
+            row.cache.max_new_tokens = int(row.max_new_tokens)
+            row.prefill_logits = model(input_ids=row.input_ids, cache=row.cache, sparse_cache=row.cache,
+                                       use_cache=True, logits_to_keep=1).logits[:, -1]
+        elif row.cache.get_seq_length() != row.input_ids.shape[1]:
+            raise ValueError(f"a row's cache holds {row.cache.get_seq_length()} tokens, its prompt "
+                             f"{row.input_ids.shape[1]}")
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        row.cache.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        row.take(row.pick(row.prefill_logits[0]))
+        row.decode_seconds = time.perf_counter() - start
+    step = None
+    if static:
+        batch = RowBatch([r.cache for r in rows])
+        step = StaticDecodeStep(model, batch, len(rows), [r.input_ids.shape[1] + r.max_new_tokens for r in rows])
+    for row in rows:
+        # a row that cannot take a step decodes nothing, which batch 1 records as eager
+        row.cache.decode_mode = step.mode if static and row.max_new_tokens > 1 else "eager"
+        if not static:
+            row.cache.phase = "decode"
+
+    def finish(row: Row) -> None:
+        if static:
+            batch.live[rows.index(row)] = False
+            row.cache.finish_static()
+        row.cache.decode_seconds = row.decode_seconds
+        if on_finish is not None:
+            on_finish(row)
+
+    for row in rows:
+        if row.finished:
+            finish(row)
+    while not all(r.finished for r in rows):
+        active = rows if static else [r for r in rows if not r.finished]
+        start = time.perf_counter()
+        tokens = torch.tensor([r.tokens[-1] for r in active], device=device)
+        positions = [r.position for r in active]
+        if static:
+            logits = step(tokens, positions)
+        else:
+            cache = RowBatch([r.cache for r in active])
+            logits = model(input_ids=tokens[:, None], position_ids=torch.tensor(positions, device=device)[:, None],
+                           cache=cache, sparse_cache=cache, use_cache=True).logits[:, -1]
+        stepping = [(i, r) for i, r in enumerate(active) if not r.finished]
+        for i, row in stepping:
+            row.cache.stats.steps += 1
+            row.take(row.pick(logits[i]))
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        share = (time.perf_counter() - start) / len(stepping)
+        for _, row in stepping:
+            row.decode_seconds += share
+            if row.finished:
+                finish(row)
+    return rows

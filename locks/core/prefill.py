@@ -59,19 +59,27 @@ class PrefillCapture:
     @property
     def nbytes(self) -> int:
         """Bytes held: the captured tensors and what the runs' shared prefill work left in the memos."""
-        return self.logits.nbytes + sum(_tensor_bytes((la.key_buffer, la.value_buffer, la.queries, la.positions,
+        return self.logits.nbytes + sum(tensor_bytes((la.key_buffer, la.value_buffer, la.queries, la.positions,
                                                        la.memo)) for la in self.layers)
 
 
-def _tensor_bytes(obj) -> int:
-    """Bytes of the tensors in a nest of tuples, lists, dicts and dataclass-like objects."""
+def tensor_bytes(obj, seen: set | None = None) -> int:
+    """Bytes of the distinct tensors in a nest of tuples, lists, dicts and objects (each storage counted once)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
     if isinstance(obj, Tensor):
-        return obj.nbytes
+        key = ("storage", obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
     if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
+        return sum(tensor_bytes(v, seen) for v in obj.values())
     if isinstance(obj, (tuple, list)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return sum(_tensor_bytes(v) for v in vars(obj).values()) if hasattr(obj, "__dict__") else 0
+        return sum(tensor_bytes(v, seen) for v in obj)
+    return sum(tensor_bytes(v, seen) for v in vars(obj).values()) if hasattr(obj, "__dict__") else 0
 
 
 class _Recorder(Selector):

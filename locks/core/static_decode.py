@@ -14,13 +14,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from locks.core.batch import RowBatch
 from locks.core.cache import SelectorCache
 
 
 class StaticDecodeStep:
-    """step(token [B], position) -> logits [B, vocab] of the next token; the cache grows by one token per call."""
+    """step(token [B], position) -> logits [B, vocab] of the next token; the cache grows by one token per call.
 
-    def __init__(self, model, cache: SelectorCache, batch: int, capacity: int, cuda_graph: bool = True):
+    `cache` is one SelectorCache (every row at the same position, `capacity` an int) or a RowBatch of rows with
+    their own lengths (locks/core/batch.py: `capacity` and each step's `position` one int per row); either way one
+    capture serves every step of the batch."""
+
+    def __init__(self, model, cache: SelectorCache | RowBatch, batch: int, capacity: int | list[int],
+                 cuda_graph: bool = True):
         cache.start_static(capacity)
         device = cache.static_position.device
         self.model, self.cache = model, cache
@@ -39,9 +45,12 @@ class StaticDecodeStep:
         return self.model(input_ids=self.input_ids, position_ids=self.position_ids, cache=self.cache,
                           sparse_cache=self.cache, use_cache=True).logits[:, -1]
 
-    def __call__(self, token: Tensor, position: int) -> Tensor:
+    def __call__(self, token: Tensor, position: int | list[int]) -> Tensor:
         self.input_ids.copy_(token.view(-1, 1))
-        self.position_ids.fill_(position)
+        if isinstance(position, int):
+            self.position_ids.fill_(position)
+        else:
+            self.position_ids.copy_(torch.tensor(position, dtype=torch.long).view(-1, 1))
         self.cache.set_static_position(position)
         if self.cuda_graph:
             if self.graph is None:

@@ -32,8 +32,12 @@ def read_rows(run_dir):
     return [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
 
 
-def test_tiny_run_writes_results_and_resumes_after_sigkill(tmp_path):
-    args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=3", "benchmark.tasks=[niah_single_1,niah_multikey_3]"]
+@pytest.mark.parametrize("batch", [1, 3])
+def test_tiny_run_writes_results_and_resumes_after_sigkill(tmp_path, batch):
+    """At batch 3 a row is written when its sample finishes: the killed run resumes from the samples that have no
+    line and duplicates none."""
+    args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=3", "benchmark.tasks=[niah_single_1,niah_multikey_3]",
+                   f"batch_size={batch}"]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     cmd = [sys.executable, str(ROOT / "run.py"), f"paths.runs_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra", *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -109,6 +113,7 @@ def test_wandb_offline_run_holds_the_summary(tmp_path):
 @pytest.mark.parametrize("args,expected", [
     (["method=nosuch"], "Available options"),
     (["budget=0"], "budget must be a positive"),
+    (["batch_size=0"], "batch_size must be a positive"),
     (["method.rank=16"], "method.rank"),
     (["method.page_size=12"], "method.page_size"),
     (["benchmark.tasks=[niah_nothing]"], "benchmark.tasks"),

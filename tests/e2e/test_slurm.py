@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from eval.results import without_timings
+from tests.helpers import assert_records_close
 
 pytestmark = pytest.mark.slurm
 
@@ -116,24 +117,29 @@ def test_sweep_on_slurm_runs_each_job_once_and_skips_finished_ones(slurm_cluster
 
 def test_grouped_sweep_on_slurm_is_one_job_and_writes_what_the_per_job_sweep_writes(slurm_cluster, tmp_path):
     """hydra/launcher=grouped_slurm: the 2 x 2 sweep is one group (same model and benchmark), so one SLURM job,
-    one model load and one prefill per sample; its run directories hold what the per-job launcher writes."""
+    one model load and one prefill per sample; its run directories hold what the per-job launcher writes, here with
+    the group's two samples decoded as one batch (batch_size=2) against one at a time."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_SILENT="true")
     grouped = ["hydra/launcher=grouped_slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=2",
                "hydra.launcher.mem_gb=4", "hydra.launcher.timeout_min=10", f"hydra.launcher.name={JOB_NAME}"]
-    cmd = [sys.executable, str(ROOT / "run.py"), "-m", *SWEEP, *grouped, f"paths.runs_dir={tmp_path / 'grouped'}",
-           f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    sweep = [a for a in SWEEP if not a.startswith("benchmark.num_samples=")] + ["benchmark.num_samples=2"]
+    cmd = [sys.executable, str(ROOT / "run.py"), "-m", *sweep, *grouped, "batch_size=2",
+           f"paths.runs_dir={tmp_path / 'grouped'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{job_logs(tmp_path)}"
     logs = list((tmp_path / "sweep" / ".submitit").glob("*/*_log.out"))
     assert len(logs) == 1, logs  # one SLURM job for the whole group
-    assert "group: 4 runs, 1 prefills" in logs[0].read_text()
-    local = [sys.executable, str(ROOT / "run.py"), "-m", *SWEEP, f"paths.runs_dir={tmp_path / 'basic'}",
+    assert "group: 4 runs, 2 prefills" in logs[0].read_text()
+    local = [sys.executable, str(ROOT / "run.py"), "-m", *sweep, f"paths.runs_dir={tmp_path / 'basic'}",
              f"hydra.sweep.dir={tmp_path / 'basic_sweep'}"]
     basic = subprocess.run(local, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SUBMIT_TIMEOUT_S)
     assert basic.returncode == 0, basic.stderr[-3000:]
 
     def predictions(root):
-        return {p.name: [without_timings(json.loads(line)) for line in (p / "predictions.jsonl").read_text().splitlines()]
+        return {p.name: {row["id"]: without_timings(row) for row in map(json.loads,
+                                                                        (p / "predictions.jsonl").read_text().splitlines())}
                 for p in root.iterdir() if p.is_dir()}
 
-    assert predictions(tmp_path / "grouped") == predictions(tmp_path / "basic") and len(predictions(tmp_path / "basic")) == 4
+    want = predictions(tmp_path / "basic")
+    assert len(want) == 4 and all(len(rows) == 2 for rows in want.values())
+    assert_records_close(predictions(tmp_path / "grouped"), want)
