@@ -95,7 +95,7 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
     return torch.stack(out, dim=1)
 
 
-@dataclass
+@dataclass(eq=False)  # a row is itself: compared by identity
 class Row:
     """One sample of a batched generation (`generate_rows`): its own cache, prompt and stopping rule; the
     generated tokens and its share of the decode time are filled in."""
