@@ -136,10 +136,7 @@ def run_benchmark(config: dict, cfg) -> dict:
                     bar.update()
 
                 for batch in batches(todo, size):
-                    if size == 1:
-                        write(run_sample(loaded, job.method, batch[0], benchmark, job.config))
-                    else:
-                        run_batch(loaded, job.method, batch, benchmark, job.config, write)
+                    run_samples(loaded, job.method, batch, benchmark, job.config, write)
             return finish_job(job, loaded, benchmark, in_order(done, samples), logger)
         finally:
             logger.finish()
@@ -350,6 +347,18 @@ def run_batch(loaded, method: MethodSpec, samples: list[dict], benchmark, config
                                 own + prefill_seconds[i], prefill_seconds[i] + replayed[i] + cache.prefill_seconds))
 
     return generate_rows(loaded.model, rows, static_decode=config.get("static_decode", False), on_finish=finished)
+
+
+def run_samples(loaded, method: MethodSpec, samples: list[dict], benchmark, config: dict, on_record,
+                captures: list | None = None, prefill_seconds: list[float] | None = None) -> None:
+    """One batch of a run's samples, each row to `on_record` as it finishes: `run_sample` for a single sample (the
+    batch-1 path), `run_batch` for several."""
+    if len(samples) == 1 and batch_size(config) == 1:
+        on_record(run_sample(loaded, method, samples[0], benchmark, config,
+                             capture=captures[0] if captures else None,
+                             prefill_seconds=prefill_seconds[0] if prefill_seconds else 0.0))
+    else:
+        run_batch(loaded, method, samples, benchmark, config, on_record, captures, prefill_seconds)
 
 
 def sample_record(loaded, sample: dict, benchmark, ids, tokens: list[int], cache: SelectorCache, seconds: float,

@@ -32,8 +32,7 @@ from eval.runner import (
     pending,
     prepare_job,
     prompt_ids,
-    run_batch,
-    run_sample,
+    run_samples,
     seed_everything,
     start_job,
 )
@@ -149,13 +148,8 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
                     append_prediction(files[job.out_dir], row)
                     done[job.out_dir].append(row)
 
-                if size == 1:
-                    write(run_sample(loaded, job.method, batch[0], benchmark, job.config, capture=captures[0],
-                                     prefill_seconds=prefill_seconds[0]))
-                else:
-                    run_batch(loaded, job.method, [batch[i] for i in mine], benchmark, job.config, write,
-                              captures=[captures[i] for i in mine],
-                              prefill_seconds=[prefill_seconds[i] for i in mine])
+                run_samples(loaded, job.method, [batch[i] for i in mine], benchmark, job.config, write,
+                            captures=[captures[i] for i in mine], prefill_seconds=[prefill_seconds[i] for i in mine])
                 rng.save()
             # the captures and their memos, after every run of the batch
             peak = max(peak, sum(capture.nbytes for capture in captures))
