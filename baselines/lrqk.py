@@ -63,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from locks.core.host_rows import device_view, gather_missed_rows
 from locks.core.reference import take_rows
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
@@ -127,10 +128,14 @@ def als(Q: Tensor, K: Tensor, A_Q: Tensor, A_K: Tensor, max_iter: int = 2, tol: 
 
 
 def decode_coordinates(B_Q: Tensor, B_K: Tensor, A_om: Tensor, K_om: Tensor, q: Tensor, k: Tensor,
-                       max_iter: int = 2, tol: float = 1e-2, lambda1: float = 1.0, lambda2: float = 1.0):
+                       max_iter: int = 2, tol: float = 1e-2, lambda1: float = 1.0, lambda2: float = 1.0,
+                       on_device: bool = False):
     """Low-rank coordinates of the new token. B_Q, B_K [.., r, d]; A_om [.., m, r]; K_om [.., m, d]; q, k [.., 1, d].
 
     -> (q_hat, k_hat, k_hat_used): q_hat solves its normal equation with k_hat_used, k_hat solves its own with q_hat.
+    The loop stops after the first iteration whose MSE(k_used, k_hat) < tol. on_device=True (static decode): the
+    stop is decided on the device, every iteration runs and those after the stop leave the result as it was (the
+    same values, no host read).
     """
     kB = k @ B_K.mT
     P = B_K @ B_K.mT
@@ -138,12 +143,22 @@ def decode_coordinates(B_Q: Tensor, B_K: Tensor, A_om: Tensor, K_om: Tensor, q: 
     M_q = B_Q @ B_Q.mT + lambda2 * A_om.mT @ A_om
     c = lambda1 * (q @ k.mT)  # l1 (q . k), [.., 1, 1]
     k_hat = solve_right(P, kB)
+    stopped = None
     for _ in range(max(max_iter, 1)):
-        k_used = k_hat
-        q_hat = solve_right(M_q + lambda1 * k_hat.mT @ k_hat, rhs_q + c * k_hat)
-        k_hat = solve_right(P + lambda1 * q_hat.mT @ q_hat, kB + c * q_hat)
-        if float(F.mse_loss(k_used, k_hat)) < tol:
-            break
+        used = k_hat
+        q_new = solve_right(M_q + lambda1 * k_hat.mT @ k_hat, rhs_q + c * k_hat)
+        k_new = solve_right(P + lambda1 * q_new.mT @ q_new, kB + c * q_new)
+        if not on_device:
+            q_hat, k_hat, k_used = q_new, k_new, used
+            if float(F.mse_loss(used, k_new)) < tol:
+                break
+            continue
+        if stopped is None:
+            q_hat, k_hat, k_used, stopped = q_new, k_new, used, F.mse_loss(used, k_new) < tol
+            continue
+        q_hat, k_hat, k_used = (torch.where(stopped, old, new) for old, new in
+                                ((q_hat, q_new), (k_hat, k_new), (k_used, used)))
+        stopped = stopped | (F.mse_loss(used, k_new) < tol)
     return q_hat, k_hat, k_used
 
 
@@ -362,12 +377,14 @@ class LRQKSelector(Selector):
             self.Vh[:, :, k:] = self._rep(values[:, :, l0 - n :])
             self.lite, self.lite_len = list(range(l0 - n, l0)), 0
             self.lite_t.copy_(torch.arange(l0 - n, l0))
+            self.ring_base = l0 - n  # token t sits in ring position (t - ring_base) mod n
         else:  # k <= l0 <= k + n: every token resident, slots = [0, k), ring = [k, l0)
             self._store_append(keys[:, :, :k], values[:, :, :k])
             self.slots = torch.arange(k, device=keys.device).expand(B, Hq, k).contiguous()
             self.Kh[:, :, :l0] = self._rep(keys)
             self.Vh[:, :, :l0] = self._rep(values)
             self.lite, self.lite_len = [-1] * n, 0
+            self.ring_base = k
             for t in range(k, l0):
                 self.lite[self.lite_len] = t
                 self.lite_t[self.lite_len] = t
@@ -466,6 +483,131 @@ class LRQKSelector(Selector):
             keys=take_rows(self.Kh, order).view(shape), values=take_rows(self.Vh, order).view(shape),
             forced_tokens=float(n), metadata_bytes=float(metadata), kv_bytes=2.0 * d * s * Hq * (k + n),
             h2d_bytes=2.0 * d * s * rows / B)
+
+    # ----- static decode: every shape fixed by (top_k, lite_tokens, capacity), the length only on the device -------
+
+    def static_decode_error(self):
+        return None
+
+    def static_sample_error(self) -> str | None:
+        if self.state != "factorized":
+            return (f"lrqk: static decode needs a prompt of at least max(top_k, rank) = {max(self.k, self.r)} tokens "
+                    f"(the factors are fitted at prefill; this prompt has {self.length})")
+        return None
+
+    def start_static(self, capacity):
+        """A_K and the cold store for `capacity` tokens (the store pinned on a CUDA machine, read in place by the
+        step); hit and transfer counters on the device."""
+        if self.static_sample_error():
+            raise ConfigError(self.static_sample_error())
+        B, Hq = self.A_K.shape[:2]
+        if self.A_K.shape[2] < capacity:
+            buf = self.A_K.new_zeros(B, Hq, capacity, self.r)
+            buf[:, :, : self.ak_len] = self.A_K[:, :, : self.ak_len]
+            self.A_K = buf
+        if self.store.shape[2] < capacity:
+            store = torch.empty(*self.store.shape[:2], capacity, self.store.shape[3], dtype=self.store.dtype,
+                                pin_memory=torch.cuda.is_available())
+            store[:, :, : self.store_len] = self.store[:, :, : self.store_len]
+            self.store = store
+        self.store_view = device_view(self.store, self.device)
+        self.s_hits = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.s_rows = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.s_hit_steps = self.s_steps = 0
+
+    def select_static(self, query, keys, values, length):
+        """`append` + `select` of the new token in fixed shapes: its ring slot, the Omega rows (tokens without an
+        A_K row zeroed), every decode iteration (the stop decided on the device), the Kaczmarz updates in place,
+        the top-k over A_K with candidates at or past L - n (- 1) masked, the slot replacement and a masked fetch
+        of the missed rows from the cold store. While the context fits the hot cache (L <= top_k + lite) the slots
+        stay and every resident token is attended, as eager; the union over a KV head's query heads is counted
+        on the device."""
+        B, Hkv, cap, d = keys.shape
+        k, n, r, s, G = self.k, self.n, self.r, self.info.kv_element_bytes, self.G
+        Hq = Hkv * G
+        L = length.reshape(())
+        position = length.reshape(1) - 1
+        ring = torch.remainder(position - self.ring_base, n)
+        key, value = keys.index_select(2, position), values.index_select(2, position)  # [B, Hkv, 1, d]
+        self.Kh.index_copy_(2, k + ring, self._rep(key))
+        self.Vh.index_copy_(2, k + ring, self._rep(value))
+        self.lite_t.index_copy_(0, ring, position)
+
+        omega = torch.cat([self.slots, self.lite_t.expand(B, Hq, n)], dim=-1)
+        ok = (omega >= 0) & (omega < position)  # the current token's A_K row does not exist yet: zeros
+        A_om = take_rows(self.A_K, omega * ok).float() * ok[..., None]
+        q = query.float().unsqueeze(2)
+        k_t = self._rep(key).float()
+        B_Q, B_K = self.B_Q.float(), self.B_K.float()
+        q_hat, k_hat, _ = decode_coordinates(B_Q, B_K, A_om, self.Kh.float(), q, k_t, self.max_iter_decode,
+                                             self.tol_decode, self.lambda_1, self.lambda_2, on_device=True)
+        self.B_Q.copy_(kaczmarz(B_Q, q_hat, q))
+        self.B_K.copy_(kaczmarz(B_K, k_hat, k_t))
+        self.A_K.index_copy_(2, position, k_hat.to(self.A_K.dtype))
+
+        resident = L <= k + n
+        ncand = L - n - (1 if self.off_by_one else 0)
+        z = (self.A_K[:, :, :cap].float() @ q_hat.mT).squeeze(-1)
+        z = z.masked_fill(torch.arange(cap, device=keys.device) >= ncand, float("-inf"))
+        top = z.topk(k, dim=-1).indices.sort(dim=-1).values
+        slots, missed = replace_slots(self.slots, top, cap)
+        missed = missed & ~resident
+        slots = torch.where(resident, self.slots, slots)
+        self.s_hits.add_(torch.where(resident, 0.0, 1.0 - missed.float().mean()).to(torch.float64))
+        fetched = gather_missed_rows(self.store_view, slots.view(B, Hkv, G * k),
+                                     missed.view(B, Hkv, G * k)).view(B, Hq, k, 2 * d).to(self.Kh.device)
+        self.Kh[:, :, :k] = torch.where(missed[..., None], fetched[..., :d], self.Kh[:, :, :k])
+        self.Vh[:, :, :k] = torch.where(missed[..., None], fetched[..., d:], self.Vh[:, :, :k])
+        self.slots.copy_(slots)
+        rows = missed.sum().to(torch.float64) / B
+        self.s_rows.add_(rows)
+
+        idx = torch.cat([self.slots, self.lite_t.expand(B, Hq, n)], dim=-1)
+        idx, order = torch.where(idx >= 0, idx, cap).sort(dim=-1)  # slot order while resident; unwritten last
+        valid = idx < L
+        shape = (B, Hkv, G, k + n, d)
+        zero = torch.zeros((), dtype=torch.float64, device=keys.device)
+        return Selection(
+            indices=idx.masked_fill(~valid, 0).view(B, Hkv, G, k + n), valid=valid.view(B, Hkv, G, k + n),
+            keys=take_rows(self.Kh, order).view(shape), values=take_rows(self.Vh, order).view(shape),
+            kv_bytes=0.0, device_bytes=torch.stack([zero, zero, 2.0 * d * s * rows]))
+
+    def static_state(self):
+        return [self.B_Q, self.B_K, self.slots, self.Kh, self.Vh, self.lite_t, self.s_hits, self.s_rows]
+
+    def finish_static(self):
+        self.hit_sum = float(self.hit_sum) + float(self.s_hits)
+        self.hit_steps += self.s_hit_steps
+        self.h2d_rows += float(self.s_rows)
+        self.steps += self.s_steps
+        self.s_hits.zero_()
+        self.s_rows.zero_()
+        self.s_hit_steps = self.s_steps = 0
+
+    def after_static_step(self, keys, values, length):
+        """Host upkeep: the token's place in the ring, and a full ring flushed to the cold store (device to host,
+        outside the graph; no later step of this block reads it: candidates end n tokens before the length)."""
+        t = length - 1
+        ring = (t - self.ring_base) % self.n
+        self.lite[ring] = t
+        self.lite_len = (ring + 1) % self.n
+        self.length = self.ak_len = length
+        self.s_steps += 1
+        if length > self.k + self.n:
+            self.s_hit_steps += 1
+        if ring == self.n - 1:
+            d = self.Kh.shape[-1]
+            self.store[:, :, t + 1 - self.n : t + 1, :d].copy_(self.Kh[:, :: self.G, self.k :])
+            self.store[:, :, t + 1 - self.n : t + 1, d:].copy_(self.Vh[:, :: self.G, self.k :])
+            self.store_len = t + 1
+
+    def static_step_cost(self, length):
+        k, n, r, s, Hq, d = self.k, self.n, self.r, self.info.kv_element_bytes, self.info.num_heads, self.info.head_dim
+        if length <= k + n:
+            m = length - 1
+            return float(length - k), float(Hq * (m * (r + d) * s + 4 * r * d * s)), None, 2.0 * d * s * Hq * length
+        metadata = Hq * (length * (r * s + 2 * s) + (k + n) * (r + d) * s + 4 * r * d * s)
+        return float(n), float(metadata), None, 2.0 * d * s * Hq * (k + n)
 
     def extra_metrics(self) -> dict:
         if self.state == "empty":

@@ -268,6 +268,76 @@ class RocketKVSelector(Selector):
         return Selection(indices=idx.unsqueeze(2), valid=torch.ones(B, Hkv, 1, k, dtype=torch.bool, device=idx.device),
                          forced_tokens=0.0, metadata_bytes=float(metadata))
 
+    # ----- static decode: the survivors' order, chunks and top-k in fixed shapes, T' only on the device ------------
+
+    def static_decode_error(self):
+        return None
+
+    def start_static(self, capacity):
+        """Room for every token up to `capacity` in the compacted order and its chunks; unwritten entries are
+        finite (their scores are masked)."""
+        cap = self.kept + capacity - self.prompt_len
+        while self.index.shape[-1] < cap:
+            self._grow()
+        cs = self.params.cs
+        self.index[:, :, self.n :] = 0
+        chunks = -(-self.n // cs)
+        self.kmin[:, :, chunks:] = 0
+        self.kmax[:, :, chunks:] = 0
+        self.static_capacity = cap
+
+    def _static_append(self, keys: Tensor, length: Tensor) -> Tensor:
+        """Fold the token at slot length - 1 into the compacted order at T' - 1 and its chunk's min/max on the
+        device (a new chunk starts from it). -> T' [1] (survivors + decode tokens, the new one included)."""
+        position = length.reshape(1) - 1
+        n = position + 1 - (self.prompt_len - self.kept)
+        slot = n - 1
+        cs = self.params.cs
+        chunk = torch.div(slot, cs, rounding_mode="floor")
+        key = keys.index_select(2, position)  # [B, Hkv, 1, d]
+        first = (slot % cs == 0).view(1, 1, 1, 1)
+        self.kmin.index_copy_(2, chunk, torch.where(first, key, torch.minimum(self.kmin.index_select(2, chunk), key)))
+        self.kmax.index_copy_(2, chunk, torch.where(first, key, torch.maximum(self.kmax.index_select(2, chunk), key)))
+        self.index.index_copy_(2, slot, position.view(1, 1, 1).expand(*self.index.shape[:2], 1))
+        return n
+
+    def select_static(self, query, keys, values, length):
+        """The eager step at T' = `length` - (prompt - survivors) over the preallocated order: the approximation
+        over every chunk with the entries at or past T' masked, then the exact top min(k, T') of the survivors
+        (k fixed; while T' <= k every survivor, as the eager dense step over `alive`)."""
+        p = self.params
+        n = self._static_append(keys, length)
+        B, Hq, d = query.shape
+        Hkv = keys.shape[1]
+        cap = self.static_capacity
+        k = max(1, min(p.k, cap))
+        chunks = -(-cap // p.cs)
+        s_hat, tau = approx_scores(query.float().view(B, Hkv, Hq // Hkv, d), self.kmin[:, :, :chunks].float(),
+                                   self.kmax[:, :, :chunks].float(), p.r_ch)
+        live = torch.arange(cap, device=keys.device) < n
+        s_tok = s_hat.repeat_interleave(p.cs, dim=-1)[..., :cap].masked_fill(~live, float("-inf"))
+        agg = torch.softmax(s_tok / tau, dim=-1).sum(dim=2).masked_fill(~live, float("-inf"))
+        top = agg.topk(k, dim=-1).indices.sort(dim=-1).values  # positions < T' first (they are finite)
+        valid = top < n
+        idx = self.index[:, :, :cap].gather(-1, top)
+        idx = torch.where(valid, idx, idx.new_full((), keys.shape[2])).sort(dim=-1).values  # invalid last
+        valid = valid.sort(dim=-1, descending=True).values
+        return Selection(indices=idx.masked_fill(~valid, 0).unsqueeze(2), valid=valid.unsqueeze(2),
+                         attended_on_host=True)
+
+    def after_static_step(self, keys, values, length):
+        self.n = self.kept + length - self.prompt_len
+        self.seen = length
+
+    def static_step_cost(self, length):
+        p = self.params
+        n = self.kept + length - self.prompt_len
+        k = max(1, min(p.k, n))
+        if k >= n:
+            return 0.0, 0.0, float(n)
+        Hkv, G, s = self.info.num_kv_heads, self.info.group_size, self.info.kv_element_bytes
+        return 0.0, float(Hkv * (s * p.r_ch * -(-n // p.cs) + 4 * G * n)), float(k)
+
     def extra_metrics(self) -> dict:
         if self.params is None:
             return {}

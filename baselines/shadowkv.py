@@ -64,6 +64,7 @@ import math
 import torch
 from torch import Tensor
 
+from locks.core.host_rows import device_view, gather_missed_rows
 from locks.core.reference import take_rows
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
@@ -173,6 +174,7 @@ class ShadowKVSelector(Selector):
         self.outlier_tokens = self._tokens(outl)
 
         self.hit_rates = []
+        self.static_hits = (0.0, 0)  # (sum of per-step hit rates, steps) of static steps, folded by finish_static
         self.prefill_h2d_bytes = 0.0
         self.buf_chunks = keys.new_zeros(B, H, 0, dtype=torch.long)
         if self.offload_values:
@@ -317,11 +319,142 @@ class ShadowKVSelector(Selector):
                          values=v.unsqueeze(2), forced_tokens=float(forced), metadata_bytes=metadata,
                          kv_bytes=kv, h2d_bytes=h2d)
 
+    # ----- static decode: a fixed number of chunks rebuilt and attended, the step's plan only on the device --------
+
+    def static_decode_error(self):
+        return None
+
+    def start_static(self, capacity):
+        """Fixed shapes for every step up to `capacity` tokens: the first step's n_sel chunks (the most any step
+        selects: n_sel only shrinks as tokens are generated), the longest exact tail, and the temporal buffer of
+        the previous selection as (chunk ids, validity, values)."""
+        B, H = self.candidates.shape[:2]
+        C, d = self.chunk_size, self.SV.shape[-1]
+        ncand = self.candidates.shape[-1]
+        self.n_top = self._plan(1)[1]
+        generated = capacity - self.prompt_len
+        room = self.budget - C * self.outliers
+        tail = self.window + generated
+        self.tail_slots = tail if self.budget_mode == "paper" else min(tail, room)
+        # paper mode selects min(budget // C, #candidates) chunks at every step: no ranking is needed when that is
+        # every candidate; fair mode's n_sel shrinks, so it always ranks
+        self.static_ranked = self.n_top < ncand or self.budget_mode == "fair"
+        prev = self.buf_chunks
+        n_prev = prev.shape[-1]
+        self.s_chunks = prev.new_zeros(B, H, self.n_top)
+        self.s_valid = torch.zeros(B, H, self.n_top, dtype=torch.bool, device=prev.device)
+        self.s_chunks[..., :n_prev] = prev
+        self.s_valid[..., :n_prev] = True
+        if self.offload_values:
+            self.s_values = self.buf_v.new_zeros(B, H, self.n_top, C, d)
+            self.s_values[:, :, :n_prev] = self.buf_v
+            self.host_view = device_view(self.host_values, self.device)
+        self.s_hit_sum = torch.zeros((), dtype=torch.float64, device=prev.device)
+        self.s_hit_steps = 0
+
+    def _static_plan(self, length: Tensor) -> tuple[Tensor, Tensor]:
+        """`_plan` at the device length: (first token of the exact tail, n_sel), both 0-dim device tensors."""
+        L = length.reshape(())
+        C, W = self.chunk_size, self.window
+        ncand = self.candidates.shape[-1]
+        start = torch.full_like(L, self.prompt_len - W)
+        if self.budget_mode == "paper":
+            return start, torch.full_like(L, min(self.budget // C, ncand))
+        room = self.budget - C * self.outliers
+        generated = L - self.prompt_len
+        over = W + generated > room
+        n_sel = torch.div(room - W - generated, C, rounding_mode="floor").clamp(max=ncand)
+        return torch.where(over, L - room, start), torch.where(over, torch.zeros_like(n_sel), n_sel)
+
+    def select_static(self, query, keys, values, length):
+        """The eager step in fixed shapes: top n_top candidates by score (best first), the first n_sel(L) of them
+        valid; every selected chunk's keys rebuilt from the factors (a hit's rebuilt keys are the same), values
+        of hits from the buffer and of misses from the host store (only the missed rows are read, on the device);
+        tail tokens at or past L masked. Rebuilt / fetched bytes, which depend on the hits, are counted on the
+        device (Selection.device_bytes)."""
+        B, H, cap, d = keys.shape
+        C, G, s, r = self.chunk_size, self.info.group_size, self.info.kv_element_bytes, self.r
+        n_top = self.n_top
+        L = length.reshape(())
+        start, n_sel = self._static_plan(length)
+        if self.static_ranked:
+            Hq = query.shape[1]
+            q = query.view(B, H, Hq // H, d).float()
+            logits = torch.einsum("bhgd,bhcd->bhgc", q, self.landmarks.float()) * self.scale
+            score = torch.softmax(logits, dim=-1).amax(dim=2)
+            chosen = torch.gather(self.candidates, 2, torch.topk(score, n_top, dim=-1).indices)
+        else:
+            chosen = self.candidates
+        chosen_valid = torch.arange(n_top, device=keys.device) < n_sel  # [n_top]: rank < n_sel
+        chosen_valid = chosen_valid.expand(B, H, n_top)
+        eq = (chosen.unsqueeze(-1) == self.s_chunks.unsqueeze(-2)) & self.s_valid.unsqueeze(-2)
+        hit = eq.any(-1) & chosen_valid
+        missed = chosen_valid & ~hit
+        self.s_hit_sum.add_((hit.sum() / (chosen_valid.sum().clamp(min=1))).to(torch.float64))
+        k_sel = self._reconstruct(chosen)  # [B, H, n_top, C, d]
+        if self.offload_values:
+            v_hit = take_rows(self.s_values.view(B, H, n_top, C * d), eq.int().argmax(-1)).view(B, H, n_top, C, d)
+            v_miss = gather_missed_rows(self.host_view, chosen, missed).view(B, H, n_top, C, d).to(values.device)
+            v_sel = torch.where(hit[..., None, None], v_hit, v_miss)
+            self.s_values.copy_(v_sel)
+            rebuilt = missed.sum(-1).to(torch.float64) * C  # [B, H] rebuilt keys / fetched value rows
+        else:
+            v_sel = take_rows(values, self._tokens(chosen)).view(B, H, n_top, C, d)
+            rebuilt = chosen_valid.sum(-1).to(torch.float64) * C
+        self.s_chunks.copy_(chosen)
+        self.s_valid.copy_(chosen_valid)
+
+        tail = start + torch.arange(self.tail_slots, device=keys.device)
+        tail_valid = (tail < L).expand(B, H, -1)
+        tail = tail.clamp(max=cap - 1).expand(B, H, -1)
+        idx = torch.cat([self.outlier_tokens, self._tokens(chosen), tail], dim=-1)
+        valid = torch.cat([torch.ones_like(self.outlier_tokens, dtype=torch.bool),
+                           chosen_valid.repeat_interleave(C, dim=-1), tail_valid], dim=-1)
+        k = torch.cat([take_rows(keys, self.outlier_tokens), k_sel.view(B, H, -1, d), take_rows(keys, tail)], dim=2)
+        v = torch.cat([take_rows(values, self.outlier_tokens), v_sel.view(B, H, -1, d), take_rows(values, tail)], 2)
+        order = torch.where(valid, idx, cap).sort(dim=-1, stable=True).indices  # eager order, masked slots last
+        idx, valid = idx.gather(-1, order), valid.gather(-1, order)
+        k, v = take_rows(k, order), take_rows(v, order)
+
+        total = rebuilt.sum(-1)  # [B] over KV heads
+        heads = (rebuilt > 0).sum(-1).to(torch.float64)
+        rebuilt_bytes = (s * d * total).mean()
+        device_bytes = torch.stack([(s * r * total + s * d * r * heads).mean(), rebuilt_bytes,
+                                    rebuilt_bytes if self.offload_values else torch.zeros_like(rebuilt_bytes)])
+        return Selection(indices=idx.masked_fill(~valid, 0).unsqueeze(2), valid=valid.unsqueeze(2),
+                         keys=k.unsqueeze(2), values=v.unsqueeze(2), attended_on_host=True, device_bytes=device_bytes)
+
+    def static_state(self):
+        return [self.s_chunks, self.s_valid, self.s_hit_sum] + ([self.s_values] if self.offload_values else [])
+
+    def finish_static(self):
+        if self.s_hit_steps:  # one entry for the static steps: their mean, weighted by their count in extra_metrics
+            self.static_hits = (self.static_hits[0] + float(self.s_hit_sum), self.static_hits[1] + self.s_hit_steps)
+        self.s_hit_sum.zero_()
+        self.s_hit_steps = 0
+
+    def after_static_step(self, keys, values, length):
+        if self._plan(length - self.prompt_len)[1]:
+            self.s_hit_steps += 1
+
+    def static_step_cost(self, length):
+        """(forced, metadata, attended) of `select`'s accounting at `length`, without the parts that depend on the
+        hits (select_static's device_bytes)."""
+        C, G, s, d, H = (self.chunk_size, self.info.group_size, self.info.kv_element_bytes, self.info.head_dim,
+                         self.info.num_kv_heads)
+        ncand = self.candidates.shape[-1]
+        start, n_sel = self._plan(length - self.prompt_len)
+        forced = (length - start) + C * self.outliers
+        metadata = float(H * (s * d * ncand + 4 * G * ncand)) if 0 < n_sel < ncand else 0.0
+        return float(forced), metadata, float(forced + C * n_sel)
+
     def extra_metrics(self) -> dict:
         if not self.prompt_len:
             return {}
+        static_hits, static_steps = self.static_hits
+        hits, steps = sum(self.hit_rates) + static_hits, len(self.hit_rates) + static_steps
         return {
-            "chunk_hit_rate": sum(self.hit_rates) / len(self.hit_rates) if self.hit_rates else None,
+            "chunk_hit_rate": hits / steps if steps else None,
             "effective_rank": float(self.r),
             "outlier_chunks": float(self.outliers),
             "local_window": float(self.window),

@@ -73,7 +73,7 @@ from bench.inputs import (
     set_agreement,
     summaries_bytes,
 )
-from bench.records import Recorder
+from bench.records import Recorder, out_path
 from bench.shapes import ATTENTION, ATTENTION_DRY
 from bench.timing import Timer
 from locks.core.paging import pages_to_tokens
@@ -93,7 +93,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
-    p.add_argument("--out", default="results/gpu/decode.jsonl", help="JSON-lines file, appended as it goes")
+    p.add_argument("--out", default=None, help="JSON-lines file, appended as it goes (default results/gpu/decode.jsonl; "
+                                               "with --dry-run a scratch file in the temporary directory)")
     p.add_argument("--contexts", type=int, nargs="+", default=[131072, 262144, 1048576])
     p.add_argument("--shapes", nargs="+", default=["llama", "glm"], choices=sorted(ATTENTION))
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
@@ -515,7 +516,8 @@ def main(argv=None) -> int:
         device = torch.device("cuda")
     import triton
 
-    rec = Recorder(args.out)
+    rec = Recorder(out_path(args.out, args.dry_run, "results/gpu/decode.jsonl"))
+    print(f"records -> {rec.path}", flush=True)
     l2 = 0
     dev_name = platform.processor() or "cpu"
     if device.type == "cuda":

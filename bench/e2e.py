@@ -50,7 +50,7 @@ import time
 import torch
 
 from bench.inputs import build_summaries_chunked, random_summaries, rel_err
-from bench.records import Recorder
+from bench.records import Recorder, out_path
 from bench.shapes import MODELS, MODELS_DRY
 from locks.method import LocksSelector
 
@@ -65,7 +65,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU under the Triton interpreter")
-    p.add_argument("--out", default="results/gpu/bench_e2e.jsonl", help="JSON-lines file, appended as it goes")
+    p.add_argument("--out", default=None, help="JSON-lines file, appended as it goes (default results/gpu/bench_e2e.jsonl; "
+                                               "with --dry-run a scratch file in the temporary directory)")
     p.add_argument("--shapes", nargs="+", default=["glm", "llama"], choices=sorted(MODELS))
     p.add_argument("--contexts", type=int, nargs="+", default=[131072, 262144, 1048576])
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
@@ -87,7 +88,7 @@ def parse_args(argv=None):
         args.contexts = [700]  # not a multiple of 16
         args.batch = [b for b in args.batch if b <= 2] or [1]  # rows are equal: 2 exercise the batched step
         args.budget = 128
-        args.reps, args.tokens, args.eager_reps, args.profile_reps = 2, 20, 1, 1  # 20 tokens cross a page boundary
+        args.reps, args.tokens, args.eager_reps, args.profile_reps = 2, 8, 1, 1  # 701 .. 709 cross a page boundary
         args.summaries = args.summaries or "build"
     else:
         args.summaries = args.summaries or "random"
@@ -281,7 +282,8 @@ def main(argv=None) -> int:
     import transformers
     import triton
 
-    rec = Recorder(args.out)
+    rec = Recorder(out_path(args.out, args.dry_run, "results/gpu/bench_e2e.jsonl"))
+    print(f"records -> {rec.path}", flush=True)
     name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else platform.processor() or "cpu"
     rec.write(dict(kind="run", script="bench_e2e", device=name, torch=torch.__version__, triton=triton.__version__,
                    transformers=transformers.__version__, args=vars(args), argv=sys.argv[1:],

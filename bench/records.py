@@ -10,6 +10,18 @@ from pathlib import Path
 import torch
 
 
+def out_path(out: str | None, dry_run: bool, committed: str) -> str:
+    """--out, or where a run writes without one: the committed GPU results file (`committed`), and for a --dry-run
+    (CPU records, meaningless timings) a scratch file outside the repository, never the committed one."""
+    if out is not None:
+        return out
+    if dry_run:
+        import tempfile
+
+        return str(Path(tempfile.gettempdir()) / "locks-bench-dry-run" / Path(committed).name)
+    return committed
+
+
 class Recorder:
     def __init__(self, path: str):
         self.path = Path(path)

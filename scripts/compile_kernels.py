@@ -165,6 +165,15 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
         yield "quest.page_bounds", p, (lambda q=q, a=kmax, b=kmin: QK.quest_page_scores(q, a, b))
         yield "quest.select_static", p, (lambda k=k, a=kmax, b=kmin: QK.quest_append(k, a, b, length_t, PAGE))
 
+        # locks/core/host_rows.py gather_missed_rows, the static steps of the offloading methods: ShadowKV's value
+        # chunks (8 tokens of d values, budget // 8 chunks) and LRQK's cold [K|V] rows (2d values, G * top_k rows)
+        if budget > 64:
+            yield "shadowkv.select_static", p, (lambda B=B, H=H, d=d, n=budget // 8, dtype=dtype: K.gather_rows(
+                meta(B, H, L // 8, 8 * d, dtype=dtype), meta(B, H, n, dtype=torch.int64),
+                meta(B, H, n, dtype=torch.bool)))
+            yield "lrqk.select_static", p, (lambda B=B, H=H, d=d, m=G * (budget - 64), dtype=dtype: K.gather_rows(
+                meta(B, H, L, 2 * d, dtype=dtype), meta(B, H, m, dtype=torch.int64), meta(B, H, m, dtype=torch.bool)))
+
         # the rest of the public API (every constexpr branch): per-head LOCKS scores, the one-pass log Z variant,
         # Quest's group reductions
         yield "api locks_page_scores", p, (lambda q=q, s=s, sc=scaling: LK.locks_page_scores(q, s, sc))

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of issues 6 and 7 as one prepared command for a lent H200 (the `device` tool), printing every result
 # as it is taken and writing it under $OUT, so that a time-out loses nothing measured before it:
-#   1. the kernel and static-decode tests, compiled on the GPU (real CUDA-graph capture of the decode step)
+#   1. the kernel and static-decode tests, compiled on the GPU (real CUDA-graph capture of every method's decode step,
+#      ShadowKV's and LRQK's reading their pinned host stores from inside the graph)
 #   2. scripts/bench_decode.py  per-layer decode attention at 128K / 256K / 1M   -> $OUT/decode.jsonl
 #   3. scripts/bench_e2e.py     the CUDA-graph decode step of whole random models -> $OUT/e2e.jsonl
 # Each part has its own time limit (TESTS_S, DECODE_S, E2E_S seconds), so one run stays well inside a device call.
@@ -9,7 +10,7 @@
 # Here, first (the image has transformers 5.17; this project pins 5.24, a pure-Python wheel that travels):
 #   echo /.whl/ >> .git/info/exclude; bash scripts/gpu_session.sh fetch
 # Then one device call: carry [".whl"], command "bash scripts/gpu_session.sh run", timeout_s about 420 (the three
-# limits below add up to 6 minutes, leaving device time for a rerun).
+# limits below add up to about 6 minutes, leaving device time for a rerun).
 # On this machine `bash scripts/gpu_session.sh dry` runs the same sequence on CPU at dry-run sizes.
 set -u
 cd "$(dirname "$0")/.."
@@ -45,11 +46,12 @@ if [ "$mode" = dry ]; then sizes=(--dry-run); fi
 } 2>&1 | tee "$OUT/env.txt"
 
 echo "== 1. kernel and static-decode tests"
-timeout "${TESTS_S:-90}" "$PY" -m pytest -q -x -p no:cacheprovider tests/core/test_decode_kernels.py tests/core/test_static_decode.py \
+timeout "${TESTS_S:-120}" "$PY" -m pytest -q -x -p no:cacheprovider tests/core/test_decode_kernels.py tests/core/test_host_rows.py \
+  tests/core/test_static_decode.py \
   2>&1 | tee "$OUT/tests.txt"
 echo "== 2. per-layer decode attention"
-timeout "${DECODE_S:-120}" "$PY" scripts/bench_decode.py --out "$OUT/decode.jsonl" "${sizes[@]}" 2>&1 \
+timeout "${DECODE_S:-110}" "$PY" scripts/bench_decode.py --out "$OUT/decode.jsonl" "${sizes[@]}" 2>&1 \
   | tee "$OUT/decode.txt"
 echo "== 3. end-to-end CUDA-graph decode step"
-timeout "${E2E_S:-150}" "$PY" scripts/bench_e2e.py --out "$OUT/e2e.jsonl" "${sizes[@]}" 2>&1 | tee "$OUT/e2e.txt"
+timeout "${E2E_S:-140}" "$PY" scripts/bench_e2e.py --out "$OUT/e2e.jsonl" "${sizes[@]}" 2>&1 | tee "$OUT/e2e.txt"
 echo "== done: $OUT"

@@ -2,6 +2,8 @@
 greedy decoding through the harness, a whitespace tokenizer stub, synthetic K/V and dense references for selector
 tests, and tolerances for the kernel tests."""
 
+from pathlib import Path
+
 import torch
 
 from locks.core.attention import register_attention
@@ -293,3 +295,34 @@ def assert_records_close(got, want, where="", rel=1e-6, loose=None) -> None:
         assert got == pytest.approx(want, rel=rel, abs=1e-12), (where, got, want)
     else:
         assert got == want, (where, got, want)
+
+
+def default_suite(runs_dir, num_samples: int, budget: int = 128):
+    """The default suite (`conf/config.yaml`: the embedded model, RULER niah_single_2 at 2K) with `num_samples`
+    samples -> (config dict, loaded model, samples, one prefill capture per sample), and `method(name)`, the
+    MethodSpec of conf/method/<name>.yaml at `budget`."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from eval.benchmarks import build_benchmark
+    from eval.runner import load_checked, method_spec, prompt_ids
+    from locks.core.prefill import capture_prefill
+
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose("config", overrides=[f"benchmark.num_samples={num_samples}", "logger=none", f"budget={budget}",
+                                           f"paths.runs_dir={runs_dir}"])
+    config = OmegaConf.to_container(cfg, resolve=True)
+    benchmark = build_benchmark(cfg.benchmark)
+    loaded = load_checked(cfg.model, benchmark)
+    samples = benchmark.samples(loaded.tokenizer, int(config["seed"]))
+    assert len(samples) == num_samples
+    captures = [capture_prefill(loaded.model, prompt_ids(loaded, s), int(s["max_new_tokens"]), None) for s in samples]
+
+    def method(name: str):
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            options = OmegaConf.to_container(compose("config", overrides=[f"method={name}", f"budget={budget}"]),
+                                             resolve=True)["method"]
+        return method_spec(options)
+
+    return config, loaded, samples, captures, method

@@ -217,7 +217,8 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
     """One layer of a static decode step (capturable in a CUDA graph): keys/values are the preallocated cache with
     `cache.static_length` valid slots; the selector's `select_static` names a fixed number of tokens or pages, attended
     by the fused kernels (backend triton) or the reference. Attended tokens the host cannot count are added to
-    `cache.static_attended` on the device, as is the coverage when measured. -> [B, 1, Hq, d]."""
+    `cache.static_attended` on the device (their K/V bytes to `cache.static_bytes`, with the selection's own
+    `device_bytes`), as is the coverage when measured. -> [B, 1, Hq, d]."""
     selector = cache.selector(layer_idx)
     length = cache.static_length
     q = query[:, :, 0].detach()
@@ -250,6 +251,10 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
         else:
             attended = attended_per_kv_head(sel, C).mean().to(torch.float64).reshape(1)
         cache.static_attended[layer_idx : layer_idx + 1].add_(attended)
+        if sel.kv_bytes is None:  # else the selector's static_step_cost names the step's K/V bytes
+            cache.static_bytes[layer_idx, 1:2].add_(attended * cache.infos[layer_idx].token_kv_bytes)
+    if sel.device_bytes is not None and cache.device_accounting:
+        cache.static_bytes[layer_idx].add_(sel.device_bytes)
     if cache.measure_coverage:
         if sel.dense:
             coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)

@@ -142,10 +142,14 @@ class DecodeStats:
     diagnostics: dict = field(default_factory=dict)  # name -> [sum, count] (Selection.diagnostics)
     by_type: dict = field(default_factory=dict)  # layer type -> [bytes read, FullKV's bytes, layer-steps]
 
-    def add_attended(self, tokens: float, kv_bytes: float) -> None:
-        """Attended tokens and their K/V bytes summed over layer-steps, counted on the device (static decode)."""
+    def add_device_counts(self, tokens: float, metadata_bytes: float, kv_bytes: float, h2d_bytes: float) -> None:
+        """What static decode steps counted on the device, summed over their full-attention layer-steps: attended
+        tokens, and the bytes that depended on the step's data (K/V of a per-head union, rebuilt keys, misses)."""
         self.attended_tokens += tokens
-        self.bytes_read += kv_bytes
+        self.metadata_bytes += metadata_bytes
+        self.h2d_bytes += h2d_bytes
+        self.bytes_read += metadata_bytes + kv_bytes
+        self.by_type.setdefault("full_attention", [0.0, 0.0, 0])[0] += metadata_bytes + kv_bytes
 
     def add_diagnostics(self, values: dict) -> None:
         """Sum a step's diagnostics {name: (sum, count)} (tensors or floats) by name."""
@@ -296,6 +300,9 @@ class SelectorCache(Cache):
         self.static_position = torch.zeros(1, dtype=torch.long, device=device)
         self.static_length = torch.ones(1, dtype=torch.long, device=device)
         self.static_attended = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
+        # per layer: (metadata, K/V, host-to-device) bytes known only on the device (Selection.device_bytes, and the
+        # K/V of tokens counted on the device)
+        self.static_bytes = torch.zeros(len(self.layers), 3, dtype=torch.float64, device=device)
         self.static_coverage = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
         # per layer and diagnostic name of its selector: (sum, count) of Selection.diagnostics, when measured
         self.static_diagnostics = [torch.zeros(len(layer.selector.diagnostic_names), 2, dtype=torch.float64,
@@ -308,9 +315,13 @@ class SelectorCache(Cache):
         self.capacity = self.layers[0]._k.shape[2]
         self.phase = "decode_static"
 
+    def static_sample_error(self) -> str | None:
+        """After the prefill: why this sample cannot decode statically (a selector's `static_sample_error`), or None."""
+        return next((e for layer in self.layers if (e := layer.selector.static_sample_error()) is not None), None)
+
     def static_counters(self) -> list[Tensor]:
-        """The device tensors a static step accumulates into (attended tokens, coverage, diagnostics per layer)."""
-        return [self.static_attended, self.static_coverage, *self.static_diagnostics]
+        """The device tensors a static step accumulates into (attended tokens, bytes, coverage, diagnostics per layer)."""
+        return [self.static_attended, self.static_bytes, self.static_coverage, *self.static_diagnostics]
 
     def add_static_diagnostics(self, layer_idx: int, values: dict[str, tuple[Tensor, Tensor]]) -> None:
         """Inside a static step: add the step's diagnostics {name: (sum, count)} to the layer's device counters."""
@@ -322,13 +333,14 @@ class SelectorCache(Cache):
 
     @contextlib.contextmanager
     def static_counters_kept(self):
-        """Runs of a static step inside this block (warm-ups, a capture, timing replays) leave the counters as they
-        were: a step at a fixed position is otherwise idempotent."""
-        saved = [t.clone() for t in self.static_counters()]
+        """Runs of a static step inside this block (warm-ups, a capture, timing replays) leave the counters and
+        each selector's `static_state()` as they were: a step at a fixed position is otherwise idempotent."""
+        tensors = self.static_counters() + [t for layer in self.layers for t in layer.selector.static_state()]
+        saved = [t.clone() for t in tensors]
         try:
             yield
         finally:
-            for t, value in zip(self.static_counters(), saved):
+            for t, value in zip(tensors, saved):
                 t.copy_(value)
 
     def set_static_position(self, position: int) -> None:
@@ -352,18 +364,19 @@ class SelectorCache(Cache):
             method.after_static_steps([la.selector for la in layers], [la._k for la in layers],
                                       [la._v for la in layers], L)
         for layer, info in zip(self.layers, self.infos):
-            forced, metadata, attended = layer.selector.static_step_cost(L)
+            forced, metadata, attended, *kv = layer.selector.static_step_cost(L)
             attended = attended or 0.0  # None: counted on the device, folded in by finish_static
             context = L if info.sliding_window is None else min(L, info.sliding_window)
+            kv_bytes = kv[0] if kv else attended * info.token_kv_bytes
             self.stats.add(StepStats(attended_tokens=attended, forced_tokens=forced, metadata_bytes=metadata,
-                                     kv_bytes=attended * info.token_kv_bytes, h2d_bytes=0.0,
+                                     kv_bytes=kv_bytes, h2d_bytes=0.0,
                                      full_bytes=context * info.token_kv_bytes, layer_type=info.layer_type), L, None)
 
     def finish_static(self) -> None:
-        """After the last static step: fold the attended tokens counted on the device into the stats (one read)."""
+        """After the last static step: fold what was counted on the device into the stats (one read)."""
         info = self.infos[0]
-        tokens = float(self.static_attended.sum())
-        self.stats.add_attended(tokens, tokens * info.token_kv_bytes)
+        metadata, kv, h2d = self.static_bytes.sum(0).tolist()
+        self.stats.add_device_counts(float(self.static_attended.sum()), metadata, kv, h2d)
         if self.measure_coverage and self.static_steps:
             batch = self.layers[0]._k.shape[0]
             self.stats.coverage_sum += float(self.static_coverage.sum())
@@ -375,6 +388,8 @@ class SelectorCache(Cache):
         for counter in self.static_counters():
             counter.zero_()
         self.static_steps = 0
+        for layer in self.layers:
+            layer.selector.finish_static()
 
     def selector(self, layer_idx: int) -> Selector:
         return self.layers[layer_idx].selector

@@ -30,6 +30,20 @@ def use_static_decode(requested, cache: SelectorCache, device) -> bool:
     return bool(requested)
 
 
+def static_after_prefill(requested, static: bool, caches: list[SelectorCache]) -> bool:
+    """Whether the prefilled caches decode statically: a selector may need more of this sample than its
+    configuration says (LRQK fits its factors only on a prompt of >= top_k tokens); auto then decodes eagerly,
+    true says why not (one line)."""
+    if not static:
+        return False
+    reason = next((r for cache in caches if (r := cache.static_sample_error()) is not None), None)
+    if reason is None:
+        return True
+    if requested == "auto":
+        return False
+    raise ConfigError(f"static (CUDA-graph) decode is not available for this sample: {reason}")
+
+
 @torch.inference_mode()
 def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_tokens: int,
              eos_token_ids: list[int] | tuple[int, ...] = (), min_new_tokens: int = 0,
@@ -65,6 +79,7 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
     out = [token]
     finished = torch.isin(token, eos)
     position = input_ids.shape[1]
+    static = static_after_prefill(static_decode, static, [cache])
     if static:
         step = StaticDecodeStep(model, cache, input_ids.shape[0], position + max_new_tokens)
         cache.decode_mode = step.mode
@@ -158,6 +173,7 @@ def generate_rows(model, rows: list[Row], static_decode=False,
         row.take(row.pick(row.prefill_logits[0]))
         row.decode_seconds = time.perf_counter() - start
     step = None
+    static = static_after_prefill(static_decode, static, [r.cache for r in rows])
     if static:
         batch = RowBatch([r.cache for r in rows])
         step = StaticDecodeStep(model, batch, len(rows), [r.input_ids.shape[1] + r.max_new_tokens for r in rows])

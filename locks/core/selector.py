@@ -126,6 +126,9 @@ class Selection:
     page_valid: Tensor | None = None
     page_size: int = 0
     attended_on_host: bool = False
+    # Static decode only: [3] float64 on the device, (metadata, K/V, host-to-device) bytes of this step that depend
+    # on its data (rebuilt keys, misses), added to what `static_step_cost` names; summed on the device, read once.
+    device_bytes: Tensor | None = None
 
     @staticmethod
     def all_tokens() -> "Selection":
@@ -208,6 +211,11 @@ class Selector(ABC):
         """None if this selector implements the static-decode hooks below in its current configuration, else why not."""
         return f"method {self.name!r} has no static (CUDA-graph) decode path"
 
+    def static_sample_error(self) -> str | None:
+        """After the prefill: None if this sample can decode statically, else why not (e.g. a state that only a
+        longer prompt reaches); `static_decode=auto` then decodes it eagerly. Default: None."""
+        return None
+
     def start_static(self, capacity: int) -> None:
         """After the prefill: preallocate whatever state grows with the context for `capacity` cached tokens."""
 
@@ -216,6 +224,16 @@ class Selector(ABC):
         `length` ([1] int64 on the device, the new token included) slots are valid. The result must have the same
         shapes at every step and the code may not read device values on the host (no .item(), no bool(tensor))."""
         raise NotImplementedError(self.static_decode_error())
+
+    def static_state(self) -> list[Tensor]:
+        """The device tensors a static step updates from their own previous values (a solver's factors, a buffer of
+        the previous selection, counters): repeating a step at one position would not repeat its result, so the
+        warm-ups and the capture of a graph (and benchmark repetitions) restore them. Default: none."""
+        return []
+
+    def finish_static(self) -> None:
+        """After the sample's last static step: fold counters kept on the device into host state (one read). A
+        finished row of a batch keeps stepping, frozen, and what it adds afterwards is not counted."""
 
     def after_static_step(self, keys: Tensor, values: Tensor, length: int) -> None:
         """Outside the graph, after each step: the cache now holds `length` tokens."""
@@ -228,10 +246,13 @@ class Selector(ABC):
         for selector, k, v in zip(selectors, keys, values):
             selector.after_static_step(k, v, length)
 
-    def static_step_cost(self, length: int) -> tuple[float, float, float | None]:
-        """(forced tokens per KV head, metadata bytes over KV heads, attended tokens per KV head) of the step that
-        attended at `length` tokens, computed on the host; attended is None exactly when the step's Selection has
-        attended_on_host=False (then it is counted on the device). Default: a dense step, (0, 0, length)."""
+    def static_step_cost(self, length: int) -> tuple:
+        """(forced tokens per KV head, metadata bytes over KV heads, attended tokens per KV head[, K/V bytes]) of the
+        step that attended at `length` tokens, computed on the host; attended is None exactly when the step's
+        Selection has attended_on_host=False (then it is counted on the device). The K/V bytes default to the
+        attended tokens' (attended * LayerInfo.token_kv_bytes); a method that reads other rows names them (the
+        Selection then sets kv_bytes, to any value: it tells the step not to count them again). Bytes that depend on
+        the step's data come from Selection.device_bytes. Default: a dense step, (0, 0, length)."""
         return 0.0, 0.0, float(length)
 
 

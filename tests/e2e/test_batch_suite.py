@@ -2,46 +2,29 @@
 every registered method at budget 128 (docs/batching.md). A prediction that differs is named with its logit margin
 at the first token where the two generations part: batch 1's logit of its own token minus its logit of the token
 the batch chose (a margin near 0 is a near-tie the batched rounding flipped; a large one is a bug)."""
-from pathlib import Path
-
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from locks.core.registry import discover
+from tests.helpers import default_suite
 
-ROOT = Path(__file__).resolve().parents[2]
 BATCH = 8
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_default_suite_at_batch_8_predicts_what_batch_1_predicts(tmp_path):
-    from eval.benchmarks import build_benchmark
-    from eval.runner import load_checked, method_spec, prompt_ids, sample_row
+    from eval.runner import sample_row
     from locks.core.generation import generate, generate_rows
-    from locks.core.prefill import capture_prefill
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"benchmark.num_samples={BATCH}", "logger=none", "budget=128",
-                                           f"paths.runs_dir={tmp_path}"])
-    config = OmegaConf.to_container(cfg, resolve=True)
-    benchmark = build_benchmark(cfg.benchmark)
-    loaded = load_checked(cfg.model, benchmark)
-    samples = benchmark.samples(loaded.tokenizer, int(config["seed"]))
-    assert len(samples) == BATCH
+    config, loaded, samples, captures, method_named = default_suite(tmp_path, BATCH)
     model = loaded.model
     logits: list[torch.Tensor] = []
     hook = model.lm_head.register_forward_hook(lambda m, i, out: logits.append(out[0, -1].clone()))
-    captures = [capture_prefill(model, prompt_ids(loaded, s), int(s["max_new_tokens"]), None) for s in samples]
     differing, generated = [], 0
     try:
         for name in sorted(discover()):
-            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-                method_cfg = OmegaConf.to_container(compose("config", overrides=[f"method={name}", "budget=128"]),
-                                                    resolve=True)["method"]
-            method = method_spec(method_cfg)
+            method = method_named(name)
 
             def row(sample, capture):
                 return sample_row(loaded, method, sample, config, capture)[0]

@@ -75,6 +75,20 @@ def test_bench_decode_arguments():
         bench_decode.parse_args(["--reps", "5"])
 
 
+def test_a_dry_run_never_writes_the_committed_gpu_results():
+    """Without --out a GPU run appends to results/gpu/, a --dry-run (CPU records) to a scratch file elsewhere."""
+    import tempfile
+
+    from bench.records import out_path
+
+    committed = "results/gpu/decode.jsonl"
+    assert out_path(None, False, committed) == committed
+    scratch = Path(out_path(None, True, committed))
+    assert scratch.name == "decode.jsonl" and scratch.is_relative_to(tempfile.gettempdir())
+    assert not scratch.resolve().is_relative_to(ROOT)
+    assert out_path("/x/y.jsonl", True, committed) == "/x/y.jsonl"
+
+
 def test_bench_e2e_dry_run(tmp_path):
     """scripts/bench_e2e.py --dry-run: random-weight GLM-shaped model, cache filled at 700 tokens, the static step
     for FullKV / LOCKS / Quest (eager on CPU) at batch 1 and 2, its check against an eager run, and the e2e records:

@@ -1,0 +1,43 @@
+"""On the embedded model (SmolLM2-135M, the default suite: RULER niah_single_2 at 2K, budget 128), every method's
+static step predicts what its eager step predicts, with the same bytes (docs/architecture.md, static decode). The
+random tiny model of tests/core/test_static_decode.py checks the same token by token; this is the real model's
+attention, on the harness's own prompts."""
+import pytest
+
+from locks.core.registry import discover
+from tests.helpers import default_suite
+
+SAMPLES = 2
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_static_step_predicts_what_its_eager_step_predicts(tmp_path):
+    from eval.runner import sample_row
+    from locks.core.generation import generate
+
+    config, loaded, samples, captures, method_named = default_suite(tmp_path, SAMPLES)
+    checked = []
+    for name in sorted(discover()):
+        method = method_named(name)
+        for i, (sample, capture) in enumerate(zip(samples, captures)):
+            out = {}
+            for static in (False, True):
+                row = sample_row(loaded, method, sample, config, capture)[0]
+                if row.cache.layers[0].selector.static_decode_error() is not None:
+                    break  # the oracles: no static path (tests/core/test_static_decode.py says why)
+                tokens = generate(loaded.model, row.cache, row.input_ids, row.max_new_tokens, row.eos_token_ids,
+                                  min_new_tokens=row.min_new_tokens, prefill_logits=row.prefill_logits,
+                                  static_decode=static)[0].tolist()
+                out[static] = (tokens, row.cache)
+            if not out:
+                continue
+            (eager_tokens, eager), (static_tokens, static) = out[False], out[True]
+            assert static.decode_mode == "static" and eager.decode_mode == "eager", name
+            assert static_tokens == eager_tokens, f"{name} sample {i}"
+            a, b = eager.stats.summary(), static.stats.summary()
+            for key in ("bytes_read_per_step", "metadata_bytes_per_step", "h2d_bytes_per_step",
+                        "attended_tokens_per_step"):
+                assert b[key] == pytest.approx(a[key], rel=1e-9), (name, i, key)
+            checked.append(name)
+    assert set(checked) == {"fullkv", "locks", "quest", "shadowkv", "rocketkv", "lrqk"}
