@@ -291,22 +291,31 @@ class LRQKSelector(Selector):
         B, H, m, d = k.shape
         need = self.store_len + m
         if self.store is None or need > self.store.shape[2]:
-            cap = max(need, int(1.5 * (0 if self.store is None else self.store.shape[2])), 256)
-            new = torch.empty(B, H, cap, 2 * d, dtype=k.dtype, pin_memory=torch.cuda.is_available())
-            if self.store is not None:
-                new[:, :, : self.store_len] = self.store[:, :, : self.store_len]
-            self.store = new
+            self._grow_store(max(need, int(1.5 * (0 if self.store is None else self.store.shape[2])), 256), k)
         self.store[:, :, self.store_len : need, :d].copy_(k)
         self.store[:, :, self.store_len : need, d:].copy_(v)
         self.store_len = need
+
+    def _grow_store(self, capacity: int, like: Tensor) -> None:
+        """A cold store of `capacity` rows (pinned when CUDA exists) holding the current one's rows; `like`
+        [B, Hkv, *, d] gives its shape and dtype."""
+        B, H, _, d = like.shape
+        new = torch.empty(B, H, capacity, 2 * d, dtype=like.dtype, pin_memory=torch.cuda.is_available())
+        if self.store is not None:
+            new[:, :, : self.store_len] = self.store[:, :, : self.store_len]
+        self.store = new
+
+    def _grow_ak(self, capacity: int) -> None:
+        """A_K with room for `capacity` token rows (zeros past the written ones)."""
+        buf = self.A_K.new_zeros(*self.A_K.shape[:2], capacity, self.r)
+        buf[:, :, : self.ak_len] = self.A_K[:, :, : self.ak_len]
+        self.A_K = buf
 
     def _ak_append(self, rows: Tensor, at: int) -> None:
         """Write A_K rows [B, Hq, m, r] at token `at` (A_K on the device, grows x1.5)."""
         need = at + rows.shape[2]
         if need > self.A_K.shape[2]:
-            buf = self.A_K.new_zeros(*self.A_K.shape[:2], max(need, int(1.5 * self.A_K.shape[2])), self.r)
-            buf[:, :, : self.ak_len] = self.A_K[:, :, : self.ak_len]
-            self.A_K = buf
+            self._grow_ak(max(need, int(1.5 * self.A_K.shape[2])))
         self.A_K[:, :, at:need] = rows.to(self.A_K.dtype)
         self.ak_len = need
 
@@ -321,6 +330,17 @@ class LRQKSelector(Selector):
         if self.lite_len == self.n:
             self._store_append(self.Kh[:, :: self.G, self.k :], self.Vh[:, :: self.G, self.k :])
             self.lite_len = 0
+
+    def _step_bytes(self, L: int, omega_rows: int | None = None) -> tuple[float, float, float]:
+        """(forced tokens, metadata bytes, K/V bytes) of the step at L tokens, summed over query heads (module
+        docstring). While the context fits (L <= k + n): Omega = the `omega_rows` (default L - 1) earlier tokens,
+        no scan, every token attended; else the A_K scan, Omega = k + n rows, the lite ring forced."""
+        k, n, r, s, Hq, d = self.k, self.n, self.r, self.info.kv_element_bytes, self.info.num_heads, self.info.head_dim
+        if L <= k + n:
+            m = L - 1 if omega_rows is None else omega_rows
+            return float(L - k), float(Hq * (m * (r + d) * s + 4 * r * d * s)), 2.0 * d * s * Hq * L
+        metadata = Hq * (L * (r * s + 2 * s) + (k + n) * (r + d) * s + 4 * r * d * s)
+        return float(n), float(metadata), 2.0 * d * s * Hq * (k + n)
 
     # ----- prefill ---------------------------------------------------------------------------------------------------
 
@@ -428,7 +448,7 @@ class LRQKSelector(Selector):
         self._absorb_without_query(keys)
         update = bool(self.pending)
         self.pending = []
-        k, n, r, s, Hq = self.k, self.n, self.r, self.info.kv_element_bytes, query.shape[1]
+        k, n, s, Hq = self.k, self.n, self.info.kv_element_bytes, query.shape[1]
         resident = L <= k + n  # the whole context fits the hot cache: Omega = every earlier token, no selection
         if resident:
             m = min(self.ak_len, L - 1)
@@ -448,13 +468,13 @@ class LRQKSelector(Selector):
             self.B_K = kaczmarz(B_K, k_hat, k_t).to(self.dtype)
             self._ak_append(k_hat, L - 1)
 
+        forced, metadata, kv = self._step_bytes(L, m if resident else None)
         if resident:
             idx = torch.arange(L, device=keys.device).expand(B, Hkv, self.G, L)
             return Selection(
                 indices=idx, valid=torch.ones_like(idx, dtype=torch.bool),
                 keys=self.Kh[:, :, :L].view(B, Hkv, self.G, L, d), values=self.Vh[:, :, :L].view(B, Hkv, self.G, L, d),
-                forced_tokens=float(L - k), kv_bytes=2.0 * d * s * Hq * L,
-                metadata_bytes=float(Hq * (m * (r + d) * s + 4 * r * d * s)))
+                forced_tokens=forced, kv_bytes=kv, metadata_bytes=metadata)
 
         ncand = L - n - (1 if self.off_by_one else 0)  # the ring holds the last n tokens: oldest = L - n
         z = (self.A_K[:, :, :ncand].float() @ q_hat.mT).squeeze(-1)
@@ -477,12 +497,10 @@ class LRQKSelector(Selector):
         idx, order = idx.sort(dim=-1)
         shape = (B, Hkv, self.G, k + n, d)
         idx = idx.view(B, Hkv, self.G, k + n)
-        metadata = Hq * (L * (r * s + 2 * s) + (k + n) * (r + d) * s + 4 * r * d * s)
         return Selection(
             indices=idx, valid=torch.ones_like(idx, dtype=torch.bool),
             keys=take_rows(self.Kh, order).view(shape), values=take_rows(self.Vh, order).view(shape),
-            forced_tokens=float(n), metadata_bytes=float(metadata), kv_bytes=2.0 * d * s * Hq * (k + n),
-            h2d_bytes=2.0 * d * s * rows / B)
+            forced_tokens=forced, metadata_bytes=metadata, kv_bytes=kv, h2d_bytes=2.0 * d * s * rows / B)
 
     # ----- static decode: every shape fixed by (top_k, lite_tokens, capacity), the length only on the device -------
 
@@ -500,16 +518,10 @@ class LRQKSelector(Selector):
         step); hit and transfer counters on the device."""
         if self.static_sample_error():
             raise ConfigError(self.static_sample_error())
-        B, Hq = self.A_K.shape[:2]
         if self.A_K.shape[2] < capacity:
-            buf = self.A_K.new_zeros(B, Hq, capacity, self.r)
-            buf[:, :, : self.ak_len] = self.A_K[:, :, : self.ak_len]
-            self.A_K = buf
-        if self.store.shape[2] < capacity:
-            store = torch.empty(*self.store.shape[:2], capacity, self.store.shape[3], dtype=self.store.dtype,
-                                pin_memory=torch.cuda.is_available())
-            store[:, :, : self.store_len] = self.store[:, :, : self.store_len]
-            self.store = store
+            self._grow_ak(capacity)
+        if self.store.shape[2] < capacity:  # preallocated: a flush between steps never reallocates it
+            self._grow_store(capacity, self.Kh[:, :: self.G])
         self.store_view = device_view(self.store, self.device)
         self.s_hits = torch.zeros((), dtype=torch.float64, device=self.device)
         self.s_rows = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -523,7 +535,7 @@ class LRQKSelector(Selector):
         stay and every resident token is attended, as eager; the union over a KV head's query heads is counted
         on the device."""
         B, Hkv, cap, d = keys.shape
-        k, n, r, s, G = self.k, self.n, self.r, self.info.kv_element_bytes, self.G
+        k, n, s, G = self.k, self.n, self.info.kv_element_bytes, self.G
         Hq = Hkv * G
         L = length.reshape(())
         position = length.reshape(1) - 1
@@ -595,19 +607,12 @@ class LRQKSelector(Selector):
         self.s_steps += 1
         if length > self.k + self.n:
             self.s_hit_steps += 1
-        if ring == self.n - 1:
-            d = self.Kh.shape[-1]
-            self.store[:, :, t + 1 - self.n : t + 1, :d].copy_(self.Kh[:, :: self.G, self.k :])
-            self.store[:, :, t + 1 - self.n : t + 1, d:].copy_(self.Vh[:, :: self.G, self.k :])
-            self.store_len = t + 1
+        if ring == self.n - 1:  # the ring holds tokens t + 1 - n .. t, the store every token before them
+            self._store_append(self.Kh[:, :: self.G, self.k :], self.Vh[:, :: self.G, self.k :])
 
     def static_step_cost(self, length):
-        k, n, r, s, Hq, d = self.k, self.n, self.r, self.info.kv_element_bytes, self.info.num_heads, self.info.head_dim
-        if length <= k + n:
-            m = length - 1
-            return float(length - k), float(Hq * (m * (r + d) * s + 4 * r * d * s)), None, 2.0 * d * s * Hq * length
-        metadata = Hq * (length * (r * s + 2 * s) + (k + n) * (r + d) * s + 4 * r * d * s)
-        return float(n), float(metadata), None, 2.0 * d * s * Hq * (k + n)
+        forced, metadata, kv = self._step_bytes(length)
+        return forced, metadata, None, kv
 
     def extra_metrics(self) -> dict:
         if self.state == "empty":

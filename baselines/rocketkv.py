@@ -263,10 +263,14 @@ class RocketKVSelector(Selector):
         agg = torch.softmax(s_tok / tau, dim=-1).sum(dim=2)  # [B, Hkv, T']
         top = agg.topk(k, dim=-1).indices
         idx = self.index[:, :, :n].gather(-1, top).sort(dim=-1).values
-        s = self.info.kv_element_bytes
-        metadata = Hkv * (s * p.r_ch * chunks + 4 * G * n)
         return Selection(indices=idx.unsqueeze(2), valid=torch.ones(B, Hkv, 1, k, dtype=torch.bool, device=idx.device),
-                         forced_tokens=0.0, metadata_bytes=float(metadata))
+                         forced_tokens=0.0, metadata_bytes=self._metadata_bytes(n))
+
+    def _metadata_bytes(self, n: int) -> float:
+        """A scored step over T' = n survivors: the r_ch channels of each chunk's needed min/max bound, and the
+        approximate fp32 scores of every survivor and query head (over KV heads)."""
+        p, info = self.params, self.info
+        return float(info.num_kv_heads * (info.kv_element_bytes * p.r_ch * -(-n // p.cs) + 4 * info.group_size * n))
 
     # ----- static decode: the survivors' order, chunks and top-k in fixed shapes, T' only on the device ------------
 
@@ -276,7 +280,7 @@ class RocketKVSelector(Selector):
     def start_static(self, capacity):
         """Room for every token up to `capacity` in the compacted order and its chunks; unwritten entries are
         finite (their scores are masked)."""
-        cap = self.kept + capacity - self.prompt_len
+        cap = self._survivors(capacity)
         while self.index.shape[-1] < cap:
             self._grow()
         cs = self.params.cs
@@ -325,18 +329,20 @@ class RocketKVSelector(Selector):
         return Selection(indices=idx.masked_fill(~valid, 0).unsqueeze(2), valid=valid.unsqueeze(2),
                          attended_on_host=True)
 
+    def _survivors(self, length: int) -> int:
+        """T' at `length` cached tokens: the prompt's survivors and every decode token."""
+        return self.kept + length - self.prompt_len
+
     def after_static_step(self, keys, values, length):
-        self.n = self.kept + length - self.prompt_len
+        self.n = self._survivors(length)
         self.seen = length
 
     def static_step_cost(self, length):
-        p = self.params
-        n = self.kept + length - self.prompt_len
-        k = max(1, min(p.k, n))
+        n = self._survivors(length)
+        k = max(1, min(self.params.k, n))
         if k >= n:
             return 0.0, 0.0, float(n)
-        Hkv, G, s = self.info.num_kv_heads, self.info.group_size, self.info.kv_element_bytes
-        return 0.0, float(Hkv * (s * p.r_ch * -(-n // p.cs) + 4 * G * n)), float(k)
+        return 0.0, self._metadata_bytes(n), float(k)
 
     def extra_metrics(self) -> dict:
         if self.params is None:

@@ -208,17 +208,43 @@ class ShadowKVSelector(Selector):
             return self.prompt_len + generated - room, 0
         return start, min((room - W - generated) // C, ncand)
 
-    def _choose(self, query: Tensor, n_sel: int) -> Tensor:
-        """-> [B, Hkv, n_sel] selected chunk ids, ascending."""
+    def _ranked(self, query: Tensor, n: int) -> Tensor:
+        """-> [B, Hkv, n] chunk ids of the n best-scored candidates, best first (through k_landmark_idx)."""
         B, Hq, d = query.shape
-        H, ncand = self.candidates.shape[1], self.candidates.shape[-1]
-        if n_sel >= ncand:
-            return self.candidates
+        H = self.candidates.shape[1]
         q = query.view(B, H, Hq // H, d).float()
         logits = torch.einsum("bhgd,bhcd->bhgc", q, self.landmarks.float()) * self.scale
         score = torch.softmax(logits, dim=-1).amax(dim=2)  # softmax per query head, max over the group
-        top = torch.topk(score, n_sel, dim=-1).indices
-        return torch.gather(self.candidates, 2, top).sort(dim=-1).values  # through k_landmark_idx
+        return torch.gather(self.candidates, 2, torch.topk(score, n, dim=-1).indices)
+
+    def _choose(self, query: Tensor, n_sel: int) -> Tensor:
+        """-> [B, Hkv, n_sel] selected chunk ids, ascending."""
+        if n_sel >= self.candidates.shape[-1]:
+            return self.candidates
+        return self._ranked(query, n_sel).sort(dim=-1).values
+
+    def _host_cost(self, length: int) -> tuple[int, int, int, float]:
+        """(first tail token, n_sel, forced tokens, landmark metadata bytes) of the step at `length` tokens: what
+        does not depend on the hits."""
+        info, C = self.info, self.chunk_size
+        ncand = self.candidates.shape[-1]
+        start, n_sel = self._plan(length - self.prompt_len)
+        landmarks = 0.0
+        if 0 < n_sel < ncand:  # landmark read + scores, only when top-k scoring runs
+            landmarks = float(info.num_kv_heads * (info.kv_element_bytes * info.head_dim + 4 * info.group_size) * ncand)
+        return start, n_sel, (length - start) + C * self.outliers, landmarks
+
+    def _rebuild_bytes(self, rebuilt: Tensor) -> Tensor:
+        """[3] float64 (metadata, K/V, host-to-device) bytes of rebuilding `rebuilt` [B, Hkv] tokens per head (and,
+        offloading, fetching their values), batch mean: U rows + S V_h per rebuilding head, the rebuilt keys'
+        write, the values over PCIe."""
+        s, d, r = self.info.kv_element_bytes, self.info.head_dim, self.r
+        rebuilt = rebuilt.to(torch.float64)
+        total = rebuilt.sum(-1)  # [B] summed over KV heads
+        heads = (rebuilt > 0).sum(-1).to(torch.float64)
+        keys = (s * d * total).mean()
+        return torch.stack([(s * r * total + s * d * r * heads).mean(), keys,
+                            keys if self.offload_values else torch.zeros_like(keys)])
 
     def _reconstruct(self, chunk_ids: Tensor) -> Tensor:
         """[B, H, m] chunk ids -> post-RoPE keys [B, H, m, C, d]:  RoPE(U[p] (S V_h), pos(p))."""
@@ -273,9 +299,8 @@ class ShadowKVSelector(Selector):
 
     def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
         B, H, L, d = keys.shape
-        C, G, s = self.chunk_size, self.info.group_size, self.info.kv_element_bytes
-        ncand, O = self.candidates.shape[-1], self.outliers
-        start, n_sel = self._plan(L - self.prompt_len)
+        C, s = self.chunk_size, self.info.kv_element_bytes
+        start, n_sel, forced, landmarks = self._host_cost(L)
         chosen = self._choose(query, n_sel)
 
         prev = self.buf_chunks
@@ -306,18 +331,10 @@ class ShadowKVSelector(Selector):
                 k = torch.cat([k, k.new_zeros(B, H, pad, d)], 2)
                 v = torch.cat([v, v.new_zeros(B, H, pad, d)], 2)
 
-        forced = (L - start) + C * O
-        metadata = 0.0
-        if 0 < n_sel < ncand:
-            metadata += H * (s * d * ncand + 4 * G * ncand)
-        rebuilt = misses.sum(-1)  # [B] summed over KV heads
-        heads_rebuilding = (misses > 0).sum(-1).float()
-        metadata += float((s * self.r * rebuilt + s * d * self.r * heads_rebuilding).mean())
-        kv = 2.0 * d * s * H * (forced + C * n_sel) + float((s * d * rebuilt).mean())
-        h2d = float((s * d * rebuilt).mean()) if self.offload_values else 0.0
+        rebuild_metadata, rebuilt_keys, h2d = self._rebuild_bytes(misses).tolist()
         return Selection(indices=idx.unsqueeze(2), valid=valid.unsqueeze(2), keys=k.unsqueeze(2),
-                         values=v.unsqueeze(2), forced_tokens=float(forced), metadata_bytes=metadata,
-                         kv_bytes=kv, h2d_bytes=h2d)
+                         values=v.unsqueeze(2), forced_tokens=float(forced), metadata_bytes=landmarks + rebuild_metadata,
+                         kv_bytes=2.0 * d * s * H * (forced + C * n_sel) + rebuilt_keys, h2d_bytes=h2d)
 
     # ----- static decode: a fixed number of chunks rebuilt and attended, the step's plan only on the device --------
 
@@ -373,18 +390,10 @@ class ShadowKVSelector(Selector):
         tail tokens at or past L masked. Rebuilt / fetched bytes, which depend on the hits, are counted on the
         device (Selection.device_bytes)."""
         B, H, cap, d = keys.shape
-        C, G, s, r = self.chunk_size, self.info.group_size, self.info.kv_element_bytes, self.r
-        n_top = self.n_top
+        C, n_top = self.chunk_size, self.n_top
         L = length.reshape(())
         start, n_sel = self._static_plan(length)
-        if self.static_ranked:
-            Hq = query.shape[1]
-            q = query.view(B, H, Hq // H, d).float()
-            logits = torch.einsum("bhgd,bhcd->bhgc", q, self.landmarks.float()) * self.scale
-            score = torch.softmax(logits, dim=-1).amax(dim=2)
-            chosen = torch.gather(self.candidates, 2, torch.topk(score, n_top, dim=-1).indices)
-        else:
-            chosen = self.candidates
+        chosen = self._ranked(query, n_top) if self.static_ranked else self.candidates
         chosen_valid = torch.arange(n_top, device=keys.device) < n_sel  # [n_top]: rank < n_sel
         chosen_valid = chosen_valid.expand(B, H, n_top)
         eq = (chosen.unsqueeze(-1) == self.s_chunks.unsqueeze(-2)) & self.s_valid.unsqueeze(-2)
@@ -397,10 +406,10 @@ class ShadowKVSelector(Selector):
             v_miss = gather_missed_rows(self.host_view, chosen, missed).view(B, H, n_top, C, d).to(values.device)
             v_sel = torch.where(hit[..., None, None], v_hit, v_miss)
             self.s_values.copy_(v_sel)
-            rebuilt = missed.sum(-1).to(torch.float64) * C  # [B, H] rebuilt keys / fetched value rows
+            rebuilt = missed.sum(-1) * C  # [B, H] rebuilt keys / fetched value rows
         else:
             v_sel = take_rows(values, self._tokens(chosen)).view(B, H, n_top, C, d)
-            rebuilt = chosen_valid.sum(-1).to(torch.float64) * C
+            rebuilt = chosen_valid.sum(-1) * C
         self.s_chunks.copy_(chosen)
         self.s_valid.copy_(chosen_valid)
 
@@ -416,13 +425,9 @@ class ShadowKVSelector(Selector):
         idx, valid = idx.gather(-1, order), valid.gather(-1, order)
         k, v = take_rows(k, order), take_rows(v, order)
 
-        total = rebuilt.sum(-1)  # [B] over KV heads
-        heads = (rebuilt > 0).sum(-1).to(torch.float64)
-        rebuilt_bytes = (s * d * total).mean()
-        device_bytes = torch.stack([(s * r * total + s * d * r * heads).mean(), rebuilt_bytes,
-                                    rebuilt_bytes if self.offload_values else torch.zeros_like(rebuilt_bytes)])
         return Selection(indices=idx.masked_fill(~valid, 0).unsqueeze(2), valid=valid.unsqueeze(2),
-                         keys=k.unsqueeze(2), values=v.unsqueeze(2), attended_on_host=True, device_bytes=device_bytes)
+                         keys=k.unsqueeze(2), values=v.unsqueeze(2), attended_on_host=True,
+                         device_bytes=self._rebuild_bytes(rebuilt))
 
     def static_state(self):
         return [self.s_chunks, self.s_valid, self.s_hit_sum] + ([self.s_values] if self.offload_values else [])
@@ -440,13 +445,8 @@ class ShadowKVSelector(Selector):
     def static_step_cost(self, length):
         """(forced, metadata, attended) of `select`'s accounting at `length`, without the parts that depend on the
         hits (select_static's device_bytes)."""
-        C, G, s, d, H = (self.chunk_size, self.info.group_size, self.info.kv_element_bytes, self.info.head_dim,
-                         self.info.num_kv_heads)
-        ncand = self.candidates.shape[-1]
-        start, n_sel = self._plan(length - self.prompt_len)
-        forced = (length - start) + C * self.outliers
-        metadata = float(H * (s * d * ncand + 4 * G * ncand)) if 0 < n_sel < ncand else 0.0
-        return float(forced), metadata, float(forced + C * n_sel)
+        _, n_sel, forced, landmarks = self._host_cost(length)
+        return float(forced), landmarks, float(forced + self.chunk_size * n_sel)
 
     def extra_metrics(self) -> dict:
         if not self.prompt_len:
