@@ -344,6 +344,17 @@ class LRQKSelector(Selector):
 
     # ----- prefill ---------------------------------------------------------------------------------------------------
 
+    def memory_bytes(self, length: int) -> dict[str, float]:
+        """LRQK's design after a prompt of `length` tokens: on the device each query head's hot cache (k selected +
+        n lite tokens, exact K/V) and, as state, A_K [Hq, L, r] with B_Q, B_K [Hq, r, d]; every token's K/V in the
+        host's cold store."""
+        info = self.info
+        s, d, Hq = info.kv_element_bytes, info.head_dim, info.num_heads
+        hot = min(self.k + self.n, length)
+        cold = length if length > self.k + self.n else min(self.k, length)  # a short prompt: its first k tokens
+        state = Hq * (length * self.r + 2 * self.r * d) * s
+        return {"kv": float(Hq * hot * 2 * d * s), "state": float(state), "host": float(cold * info.token_kv_bytes)}
+
     def prefill_queries(self) -> int | None:
         return None  # the ALS factorization of Q K^T uses every prompt query
 

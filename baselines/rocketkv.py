@@ -176,6 +176,17 @@ class RocketKVSelector(Selector):
         self.kmin: Tensor | None = None  # [B, Hkv, capC, d] per-chunk element-wise min (cache dtype: min/max are exact)
         self.kmax: Tensor | None = None
 
+    def memory_bytes(self, length: int) -> dict[str, float]:
+        """RocketKV's design after a prompt of `length` tokens (no tokens generated yet): SnapKV++ evicts every prompt
+        token but its `prompt_budget` survivors for good, so the device keeps their K/V and, per chunk of cs
+        survivors, the element-wise key min and max (the keys' dtype)."""
+        info = self.info
+        p = rocket_params(length, self.traffic_budget, 0, info.head_dim, self.variant, self.alpha)
+        keep = max(p.prompt_budget, min(self.window, length))
+        kept = keep if length > keep else length
+        state = 2 * -(-kept // p.cs) * info.head_dim * info.kv_element_bytes * info.num_kv_heads
+        return {"kv": float(kept * info.token_kv_bytes), "state": float(state), "host": 0.0}
+
     def prefill_queries(self) -> int | None:
         return self.window  # SnapKV++ scores with the last `window` prompt queries
 

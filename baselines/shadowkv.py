@@ -142,12 +142,8 @@ class ShadowKVSelector(Selector):
         self.positions = ctx.positions.expand(B, Lp)
         self.rotate = ctx.rotate
 
-        chunks = max(Lp // C - self.local_chunks, 0)
-        if self.align_chunks_to_8:
-            chunks = chunks // 8 * 8
+        chunks, self.window, self.outliers = self._layout(Lp)
         self.num_chunks = chunks
-        self.window = Lp - chunks * C
-        self.outliers = min(self.outlier_count(), chunks)
         if self.budget_mode == "fair" and self.budget < self.window + C * self.outliers:
             raise ConfigError(f"budget={self.budget} is below ShadowKV's always-attended local window + outlier chunks "
                               f"({self.window} + {C * self.outliers} tokens for this prompt): use budget >= "
@@ -189,6 +185,32 @@ class ShadowKVSelector(Selector):
             self._fetch(chosen, values)
             self.prefill_h2d_bytes = float(chosen.shape[-1] * C * d * self.info.kv_element_bytes * H)
         self.buf_chunks = chosen
+
+    def _layout(self, Lp: int) -> tuple[int, int, int]:
+        """(sparse chunks, exact local window in tokens, outlier chunks) of a prompt of Lp tokens."""
+        C = self.chunk_size
+        chunks = max(Lp // C - self.local_chunks, 0)
+        if self.align_chunks_to_8:
+            chunks = chunks // 8 * 8
+        return chunks, Lp - chunks * C, min(self.outlier_count(), chunks)
+
+    def memory_bytes(self, length: int) -> dict[str, float]:
+        """ShadowKV's design after a prompt of `length` tokens (docs/memory.md): on the device the exact K/V of the
+        local window and the outlier chunks, and the buffer of the selected chunks' rebuilt keys and fetched
+        values; as state U [L, r] (one per layer), (S V^T) [Hkv, r, d] and the landmarks; the sparse chunks'
+        values in host memory (on the device with offload_values=false). Their keys exist only as U (S V^T)."""
+        info, C = self.info, self.chunk_size
+        s, d, H = info.kv_element_bytes, info.head_dim, info.num_kv_heads
+        chunks, window, outliers = self._layout(length)
+        r = min(self.rank, H * d, length)
+        room = self.budget - C * outliers
+        n_sel = min(self.budget // C if self.budget_mode == "paper" else max(room - window - 1, 0) // C,
+                    chunks - outliers)  # _plan(1): the first decode step's selection, the largest
+        values = chunks * C * d * s * H
+        kv = (window + C * outliers + C * n_sel) * info.token_kv_bytes
+        state = (length * r + H * r * d + H * (chunks - outliers) * d) * s
+        return {"kv": float(kv + (0 if self.offload_values else values)), "state": float(state),
+                "host": float(values if self.offload_values else 0)}
 
     def _tokens(self, chunk_ids: Tensor) -> Tensor:
         """[B, H, m] chunk ids -> [B, H, m*C] token indices."""

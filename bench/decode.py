@@ -1,5 +1,6 @@
-"""Per-layer decode-attention benchmark: FullKV (cuDNN / flash SDPA, our Triton full decode) vs LOCKS and Quest
-fused Triton paths vs the LOCKS PyTorch reference.
+"""Per-layer decode-attention benchmark: FullKV (cuDNN / flash SDPA, our Triton full decode) against the LOCKS and
+Quest fused Triton paths, the LOCKS PyTorch reference, ShadowKV's, RocketKV's and LRQK's own static steps, and the
+token Oracle's exact top-k.
 
 For every shape (llama: 32 query / 8 KV heads, glm: 32 / 2; d = 128, bf16), context and batch it times one decode
 step of one layer, all heads, with fresh random K/V (never zeros):
@@ -18,6 +19,13 @@ step of one layer, all heads, with fresh random K/V (never zeros):
                            + paged_decode with Gs = G
   locks_torch              the PyTorch reference path: page_scores + aggregate_heads + torch.topk + forced set +
                            locks.core.reference.sparse_decode (gather + fp32 softmax)
+  shadowkv_static, rocketkv_static, lrqk_static   the selector's own static step as the model runs it
+                           (`select_static` + locks.core.attention.attend, backend triton): one decode step after its
+                           own `prefill` on the first L - 1 tokens (bench/prefill_state.py: the expensive parts
+                           random in their exact layout on GPU, computed in --dry-run), ShadowKV's keys rebuilt and
+                           rotated by a Llama RoPE (theta 500,000), its and LRQK's misses read from pinned host memory
+  oracle_token_topk        the token Oracle's exact top-`budget` per query head (logits over every key, torch.topk)
+                           + the fused sparse decode: what an exact top-k costs
 LOCKS uses the harness's fair budget through a real `LocksSelector` (its `plan`: sink page + recent 64 tokens (4
 pages) + partial page + top-k pages, 123 at budget 2048; candidates are the pages between the sink and the recent
 pages), and its reference step is that selector's own `select` (backend torch); Quest's page budget is
@@ -29,6 +37,13 @@ overhead); when capture fails the eager time is used and the reason recorded. In
 copies (slots) whenever a per-step working set would fit twice in L2, so no step reads data cached by the previous
 one: every slot has its own query; summaries, Quest min/max and K/V get per-slot copies when they are smaller than
 2 x L2 (larger tensors cannot stay in L2 between steps).
+The selector steps' bytes are the selector's own accounting (`static_step_cost` + the step's `device_bytes`, as
+SelectorCache counts them), `h2d_bytes` separately, with `h2d_floor_ms` at the pinned-copy bandwidth measured at the
+start of the run (a record of kind "bandwidth") and `floor_ms` = bytes / --bandwidth + h2d_floor_ms; their misses
+are those of the first step after the prefill, whose query is unrelated to the prefill's (random inputs), so the
+host traffic is a worst case for their buffers. Their state is one copy per rotation slot when its device bytes
+(`Selector.memory_bytes`) are below 2 x L2, else shared. Peak device memory (CUDA): `state_bytes` allocated by the
+selector's prefill and static preallocation, `step_peak_bytes` above what was allocated before one step.
 Bytes per step (analytic, all KV heads and batch rows; s = 2 B for bf16):
   fullkv  2*L*d*s;  locks  summary_bytes_per_page * candidate pages + 2*d*s*attended + G*d*s (queries);
   quest   2*d*s * scored pages + 2*d*s*attended (per_head: the union over the group) + G*d*s;
@@ -41,7 +56,7 @@ Summaries: random values in the exact quantized layout (`--summaries random`, de
 with batched eigh costs minutes of GPU time and timing does not depend on the values, only on the layout), or
 locks.method.summaries.build_summaries on the random keys in chunks of <= 32,768 pages per call (`--summaries build`,
 default in --dry-run; cuSOLVER's batched eigh failed on 65,536 16x16 matrices in one call).
-Not included here: the end-to-end CUDA-graph decode step of a random-weight model (the next issue's).
+Not included here: the end-to-end CUDA-graph decode step of a random-weight model (bench/e2e.py).
 
 Every measurement is printed as soon as it is taken and appended to --out as one JSON object per line (flushed).
 --dry-run runs everything on CPU at tiny sizes under the Triton interpreter (timings meaningless; plumbing and
@@ -75,7 +90,7 @@ from bench.inputs import (
 )
 from bench.records import Recorder, out_path
 from bench.shapes import ATTENTION, ATTENTION_DRY
-from bench.timing import Timer
+from bench.timing import Timer, h2d_bandwidth
 from locks.core.paging import pages_to_tokens
 from locks.core.reference import sparse_decode as ref_sparse_decode
 from locks.core.selector import LayerInfo, Selection
@@ -83,8 +98,11 @@ from locks.method import LocksSelector
 from locks.method.summaries import summary_bytes_per_page
 
 FULLKV_METHODS = ["sdpa_cudnn", "sdpa_flash", "flash_attn_kvcache", "triton_full"]
+# the selectors timed through their own static step (registry name -> options of the benchmark)
+SELECTOR_STEPS = {"shadowkv_static": ("shadowkv", {}), "rocketkv_static": ("rocketkv", {}),
+                  "lrqk_static": ("lrqk", {}), "oracle_token_topk": ("oracle_token", {})}
 METHODS = FULLKV_METHODS + ["locks_fused", "locks_score", "topk", "locks_decode", "quest_fused",
-                            "quest_fused_per_head", "locks_torch"]
+                            "quest_fused_per_head", "locks_torch", *SELECTOR_STEPS]
 COMPONENTS = ("locks_score", "topk", "locks_decode")  # parts of locks_fused, timed alone
 TOL = {"out": 1e-2, "scores": 1e-3}  # bf16 outputs vs fp32 references; fp32 scores
 
@@ -106,7 +124,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--summaries", choices=["random", "build"], default=None,
-                   help="random quantized layout (GPU default) or build_summaries on the keys (dry-run default)")
+                   help="random quantized layout (GPU default) or build_summaries on the keys (dry-run default); "
+                        "the selector steps' prefill state follows it (random / real)")
+    p.add_argument("--bandwidth", type=float, default=4.5e12, help="HBM bytes/s of floor_ms (H200 measured)")
     p.add_argument("--no-graph", action="store_true", help="eager timing only")
     p.add_argument("--tune", action="store_true", help="also time a few block-size variants of the Triton kernels "
                                                        "at the largest context (records of kind 'tune')")
@@ -148,6 +168,9 @@ class Case:
     qmax: torch.Tensor
     qmin: torch.Tensor
     slots: list = field(default_factory=list)
+    selectors: dict = field(default_factory=dict)  # SELECTOR_STEPS name -> one prefilled selector per slot
+    state_bytes: dict = field(default_factory=dict)  # name -> device bytes its prefill and preallocation allocated
+    h2d_bytes: dict = field(default_factory=dict)  # name -> host-to-device bytes of its step (all batch rows)
     locks: LocksSelector | None = None  # fused scoring (backend triton): its plan and candidate range
     locks_ref: LocksSelector | None = None  # the same selector with backend torch: the reference step
     quest_pages: int = 0  # pages chosen besides the last one (QuestSelector's kernel rule)
@@ -214,7 +237,45 @@ def make_case(args, device, shape_name, dims, L, B, l2_bytes) -> Case:
         case.slots.append(sl)
     base.update(rotation_slots=n_rot, summaries=args.summaries, locks_pages_selected=plan.k_pages,
                 locks_forced_pages=len(plan.forced), quest_pages_selected=case.quest_pages)
+    for m in args.methods:
+        if m in SELECTOR_STEPS:
+            try:
+                case.selectors[m] = prefilled_selectors(args, case, m, gen, l2_bytes)
+            except Exception as e:  # out of device or pinned host memory: recorded by the timing as a skip
+                case.selectors[m] = e
     return case
+
+
+def prefilled_selectors(args, case: Case, method: str, gen, l2_bytes: int) -> list:
+    """The selector of a SELECTOR_STEPS method after its own prefill on the first L - 1 tokens and its static
+    preallocation for L: one per rotation slot when its device state is below 2 x L2 (else one, shared)."""
+    import functools
+
+    from bench.inputs import rope_rotate
+    from bench.prefill_state import prefill_selector
+    from locks.core.registry import MethodSpec
+
+    c = case
+    name, options = SELECTOR_STEPS[method]
+    info = LayerInfo(0, c.Hq, c.H, c.d, c.scaling, kv_element_bytes=2, backend="triton")
+    spec = MethodSpec(name, args.budget, options=options, backend="triton")
+    cuda = c.keys.device.type == "cuda"
+    before = torch.cuda.memory_allocated() if cuda else 0
+    out = []
+    mode = "real" if args.summaries == "build" else "random"
+    rotate = functools.partial(rope_rotate, theta=500000.0)
+    for i in range(len(c.slots)):
+        selector = spec.build(info)
+        if i and sum(v for k, v in selector.memory_bytes(c.L).items() if k != "host") >= 2 * l2_bytes:
+            out.append(out[0])
+            continue
+        prefill_selector(selector, c.keys[:, :, : c.L - 1], c.values[:, :, : c.L - 1], gen, mode, max_new_tokens=1,
+                         rotate=rotate, unrotate=functools.partial(rope_rotate, theta=500000.0, inverse=True))
+        if selector.static_decode_error() is None:
+            selector.start_static(c.L)
+        out.append(selector)
+    c.state_bytes[method] = (torch.cuda.memory_allocated() - before) / len({id(s) for s in out}) if cuda else None
+    return out
 
 
 class Steps:
@@ -234,6 +295,7 @@ class Steps:
         self.forced_pages = torch.tensor(sorted(plan.forced) + ([c.P] if c.tail else []), device=c.keys.device)
         self.attended_locks = (plan.k_pages + len(plan.forced)) * c.n + c.tail
         self.last_page = torch.tensor([c.nq - 1], device=c.keys.device)
+        self.length = torch.tensor([c.L], device=c.keys.device)  # the selector steps' valid length
         self.attended_quest = c.quest_pages * c.n + (c.L - (c.nq - 1) * c.n)
 
     def sdpa(self, backend):
@@ -296,6 +358,18 @@ class Steps:
         sel = self.case.locks_ref.select(sl["q"], sl["k"], sl["v"])
         return ref_sparse_decode(sl["q"], sl["k"], sl["v"], sel, self.case.scaling)
 
+    def selector_step(self, method: str, i: int):
+        """Slot i's step of a SELECTOR_STEPS method -> (the Selection, (out, lse))."""
+        from locks.core.attention import attend
+
+        c = self.case
+        selector, sl = c.selectors[method][i], c.slots[i]
+        if selector.static_decode_error() is None:
+            sel = selector.select_static(sl["q"], sl["k"], sl["v"], self.length)
+        else:  # the token Oracle: its eager select has fixed shapes below the context
+            sel = selector.select(sl["q"], sl["k"], sl["v"])
+        return sel, attend(sl["q"], sl["k"], sl["v"], sel, c.scaling, "triton", self.length)
+
     def table(self, methods) -> dict[str, list]:
         """method -> one callable per rotation slot (components get their inputs computed outside the timing)."""
         c = self.case
@@ -304,6 +378,9 @@ class Steps:
                "locks_score": self.locks_score, "quest_fused": self.quest_fused,
                "quest_fused_per_head": self.quest_fused_per_head, "locks_torch": self.locks_torch}
         out = {m: [(lambda sl=sl, f=one[m]: f(sl)) for sl in c.slots] for m in methods if m in one}
+        for m in methods:
+            if m in SELECTOR_STEPS and not isinstance(c.selectors.get(m), Exception):
+                out[m] = [lambda m=m, i=i: self.selector_step(m, i)[1] for i in range(len(c.slots))]
         if "topk" in methods or "locks_decode" in methods:
             fixed_agg = [self.locks_score(sl) for sl in c.slots]
             fixed_pages = [self.locks_pages(a) for a in fixed_agg]
@@ -344,6 +421,56 @@ def bytes_of(case: Case, steps: Steps) -> dict[str, tuple]:
         "quest_fused": (quest_group, quest_group + 4 * (nq - 1) * H * B * 2, steps.attended_quest),
         "quest_fused_per_head": (quest_head, quest_head + 4 * (nq - 1) * Hq * B * 2, quest_union),
     }
+
+
+def selector_step_bytes(selector, sel: Selection, L: int) -> tuple[float, float, float]:
+    """(HBM bytes, host-to-device bytes, attended tokens per KV head) of one selector step at L tokens, one layer,
+    per batch row, as SelectorCache accounts a step (locks/core/cache.py, locks/core/attention.py): a static step's
+    `static_step_cost` plus its `device_bytes` and, when the device counts them, the attended tokens' K/V; an eager
+    selection's own metadata / K/V / host bytes."""
+    from locks.core.reference import attended_per_kv_head, paged_attended
+
+    info = selector.info
+    if sel.dense:
+        return float(L * info.token_kv_bytes), 0.0, float(L)
+    C = int(sel.indices.shape[-1]) if sel.pages is None else 0
+    length = torch.tensor([L], device=(sel.indices if sel.pages is None else sel.pages).device)
+    counted = float((attended_per_kv_head(sel, max(L, 1)) if sel.pages is None else
+                     paged_attended(sel, length, L)).mean()) if C or sel.pages is not None else 0.0
+    if selector.static_decode_error() is not None:  # an eager selection (the token Oracle)
+        kv = sel.kv_bytes if sel.kv_bytes is not None else counted * info.token_kv_bytes
+        return float(sel.metadata_bytes + kv), float(sel.h2d_bytes), counted
+    _, metadata, attended, *kv = selector.static_step_cost(L)
+    device = [0.0, 0.0, 0.0] if sel.device_bytes is None else [float(x) for x in sel.device_bytes.tolist()]
+    kv_bytes = kv[0] if kv else (attended or 0.0) * info.token_kv_bytes
+    if attended is None:
+        attended = counted
+        if sel.kv_bytes is None:
+            kv_bytes += counted * info.token_kv_bytes
+    return float(metadata + device[0] + kv_bytes + device[1]), device[2], float(attended)
+
+
+def check_selector_steps(rec, case: Case, steps: Steps, table: dict, bytes_table: dict) -> None:
+    """Once per configuration, slot 0's first step after the prefill of each SELECTOR_STEPS method: its output against
+    the reference attention (fp32 gather, locks.core.reference) over the same Selection, and its bytes."""
+    from locks.core.attention import attend
+
+    c, sl0 = case, case.slots[0]
+    for m in SELECTOR_STEPS:
+        if m not in table:
+            if isinstance(c.selectors.get(m), Exception):
+                _skip(rec, c.base, m, c.selectors[m])
+            continue
+        with torch.no_grad():
+            sel, (o, lse) = steps.selector_step(m, 0)
+            ro, rl = attend(sl0["q"].float(), sl0["k"], sl0["v"], sel, c.scaling, "torch", steps.length)
+        err = max(rel_err(o, ro), rel_err(lse, rl))
+        ok = bool(torch.isfinite(o).all()) and err <= TOL["out"]
+        _check(rec, c.base, m, err, TOL["out"], "reference attention (fp32) over the same selection",
+               {"output_rel_err": err}, ok=ok)
+        hbm, h2d, attended = selector_step_bytes(c.selectors[m][0], sel, c.L)
+        bytes_table[m] = (hbm * c.B, None, attended)
+        c.h2d_bytes[m] = h2d * c.B
 
 
 def _reference_on_pages(case: Case, pages):
@@ -426,13 +553,19 @@ def time_all(args, rec, timer, case: Case, steps: Steps, table: dict, bytes_tabl
             continue  # skipped by the checks
         try:
             with torch.no_grad():
+                peak = step_peak_bytes(table[m][0], case.keys.device)
                 t = timer.time(table[m])
         except Exception as e:
             _skip(rec, case.base, m, e)
             continue
         b, b_inter, attended = bytes_table[m]
         r = dict(kind="measurement", method=m, **case.base, **t, bytes=b, gbps=b / (t["ms"] * 1e-3) / 1e9,
-                 attended_tokens=attended)
+                 attended_tokens=attended, step_peak_bytes=peak)
+        h2d = case.h2d_bytes.get(m, 0.0)
+        r.update(h2d_bytes=h2d, h2d_floor_ms=1e3 * h2d / args.h2d_bps, floor_ms=1e3 * b / args.bandwidth
+                 + 1e3 * h2d / args.h2d_bps)
+        if m in case.state_bytes:
+            r["state_bytes"] = case.state_bytes[m]
         if b_inter is not None:
             r["bytes_with_intermediates"] = b_inter
         if m in FULLKV_METHODS and (fastest is None or t["ms"] < fastest[1]):
@@ -440,6 +573,7 @@ def time_all(args, rec, timer, case: Case, steps: Steps, table: dict, bytes_tabl
         if fastest is not None and m not in COMPONENTS:
             r["speedup_vs_fastest_fullkv"] = fastest[1] / t["ms"]
             r["fastest_fullkv"] = fastest[0]
+            r["byte_ceiling"] = 1e3 * bytes_table["triton_full"][0] / args.bandwidth / r["floor_ms"]
         if m == "locks_fused":
             locks_fused_ms = t["ms"]
         if m in COMPONENTS and locks_fused_ms:
@@ -448,6 +582,18 @@ def time_all(args, rec, timer, case: Case, steps: Steps, table: dict, bytes_tabl
             r["topk_shape"] = [case.B, case.H, case.P]
             r["k"] = steps.kp
         rec.emit(r)
+
+
+def step_peak_bytes(fn, device) -> int | None:
+    """CUDA: the most memory one run of a step allocates above what was allocated before it (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
 
 
 def tune(args, rec, timer, case: Case, steps: Steps) -> None:
@@ -480,6 +626,7 @@ def run_config(args, rec: Recorder, timer: Timer, device, shape_name, dims, L, B
     table = steps.table(args.methods)
     bytes_table = bytes_of(case, steps)
     check(args, rec, case, steps, table)
+    check_selector_steps(rec, case, steps, table, bytes_table)
     time_all(args, rec, timer, case, steps, table, bytes_table)
     if args.tune and L == max(args.contexts):
         tune(args, rec, timer, case, steps)
@@ -528,6 +675,8 @@ def main(argv=None) -> int:
     rec.emit(dict(kind="run", device=dev_name, torch=torch.__version__, triton=triton.__version__,
                   cuda=torch.version.cuda, l2_bytes=l2, args=vars(args), argv=sys.argv[1:],
                   time=time.strftime("%Y-%m-%d %H:%M:%S"), host=platform.node()))
+    args.h2d_bps = h2d_bandwidth(device)
+    rec.emit(dict(kind="bandwidth", what="pinned host-to-device copy", bytes_per_s=args.h2d_bps, device=dev_name))
     timer = Timer(device, args.reps, args.warmup, graphs=not args.no_graph and device.type == "cuda")
     shapes = ATTENTION_DRY if args.dry_run else ATTENTION
     for L in args.contexts:

@@ -1,16 +1,21 @@
-"""End-to-end decode step of a random-weight model, captured as a CUDA graph: FullKV vs LOCKS vs Quest (issue 7).
+"""End-to-end decode step of a random-weight model, captured as a CUDA graph: FullKV against every selector.
 
 An eager transformers step hides any attention saving at batch 1 (issue 7's anchor: a GLM-4-9B-shaped stock step at
 128K takes 28 ms eager against a 5.4 ms byte floor), so every method runs the harness's static decode step
 (`locks/core/static_decode.py`): the cache preallocated for the whole run, the step captured once as a CUDA graph and
 replayed. FullKV runs twice, through our split-K kernel over the valid length (`fullkv`) and through PyTorch's
-SDPA with a length mask (`fullkv_sdpa`); the sparse methods' speedups are against the faster of the two. Models are built from their config with random bf16 weights (no download):
+SDPA with a length mask (`fullkv_sdpa`); LOCKS, Quest, ShadowKV, RocketKV and LRQK run their own static steps
+(fixed shapes; ShadowKV's and LRQK's misses read from pinned host memory inside the graph); the speedups are against
+the faster FullKV. The oracles have no static step (they read every key to choose): the cost of their exact top-k
+is timed per layer by bench/decode.py. Models are built from their config with random bf16 weights (no download):
   glm    GLM-4-9B   (transformers GlmConfig defaults: 40 layers, 32 query / 2 KV heads, d = 128, 151,552 vocab)
   llama  Llama-3.1-8B (32 layers, 32 / 8 heads, d = 128, 128,256 vocab; contexts whose cache does not fit are skipped)
-The KV cache of every layer is filled with random values (never zeros) at the context length, without a prefill;
-LOCKS summaries are random values in the exact quantized layout (`--summaries random`, GPU default: timing depends on
-the layout, not the values, and building 5M pages costs minutes of GPU time) or built from the keys in chunks
-(`--summaries build`, dry-run default); Quest's min/max are computed from the keys.
+The KV cache of every layer is filled with random values (never zeros) at the context length, without a model
+prefill, and each selector's own `prefill` runs on it (bench/prefill_state.py): its expensive budget-independent
+parts (LOCKS's summaries, ShadowKV's SVD, RocketKV's SnapKV++ scores, LRQK's ALS factors) are random values in the
+exact layout (`--prefill-state random`, GPU default: timing depends on the layout, not the values, and these cost
+minutes of GPU time at 1M tokens) or computed (`--prefill-state real`, dry-run default); everything else (Quest's
+min/max, ShadowKV's outliers and landmarks, RocketKV's survivors, the host stores) is the selector's own.
 
 `--batch 1 4 16` runs each (shape, context) at B equal-length rows per step (one static step captured per batch
 shape): the weights are read once per step and every row's K/V, so KV bytes outweigh weight bytes as B grows.
@@ -23,8 +28,17 @@ Per (shape, context, batch, method), records of kind "e2e":
   ms_per_token  wall time per step over --tokens steps: replay + host upkeep (LOCKS summarizes each completed
                 page) + the greedy argmax + the accounting; tokens_per_s = B * 1000 / ms_per_token
   bytes_per_step = weight bytes + B x the method's K/V + metadata bytes per row (the harness's accounting),
-                byte_floor_ms at --bandwidth, speedup_vs_fullkv (FullKV ms_graph / ms_graph) next to the byte-bound
-                ceiling (FullKV bytes / bytes) for the same shape and context
+                byte_floor_ms at --bandwidth; h2d_bytes_per_step (B x the host-to-device bytes per row: ShadowKV's
+                missed values, LRQK's missed rows) with h2d_floor_ms at the pinned-copy bandwidth measured at the
+                start of the same run (a record of kind "bandwidth"); floor_ms = byte_floor_ms + h2d_floor_ms (the
+                step copies its misses, then attends); speedup_vs_fullkv (FullKV ms_graph / ms_graph) next to the
+                byte-bound ceiling byte_ceiling (FullKV floor_ms / floor_ms) for the same shape and context
+  memory        CUDA only: cache_and_state_bytes (allocated after the cache, its preallocation for the run and the
+                selectors' state, less before: the K/V as this harness keeps it plus the method's state),
+                step_peak_bytes (max_memory_allocated during one replay above what was allocated before it),
+                peak_allocated_bytes (over the method's whole run, weights included); on every device
+                design_bytes: Selector.memory_bytes summed over layers and rows, the method's own design
+                (docs/memory.md: ShadowKV and LRQK keep most K/V in host memory, RocketKV drops evicted tokens)
 and one "check" per method: the replayed step's logits against an eager run of the same static step (max rel err),
 and one "profile" per method: the --profile-top kernels of --profile-reps replays by device time (torch.profiler;
 CPU time in --dry-run), with the number of kernels launched per step -- where the step's time goes.
@@ -49,15 +63,17 @@ import time
 
 import torch
 
-from bench.inputs import build_summaries_chunked, random_summaries, rel_err
+from bench.inputs import rel_err
+from bench.prefill_state import prefill_selector
 from bench.records import Recorder, out_path
 from bench.shapes import MODELS, MODELS_DRY
-from locks.method import LocksSelector
+from bench.timing import h2d_bandwidth
 
 # method -> (registry name, backend): FullKV twice, through our split-K kernel over the valid length and through
 # PyTorch's SDPA with a length mask (whichever backend PyTorch picks); speedups are against the faster of the two
 METHODS = {"fullkv": ("fullkv", "triton"), "fullkv_sdpa": ("fullkv", "torch"), "locks": ("locks", "triton"),
-           "quest": ("quest", "triton")}
+           "quest": ("quest", "triton"), "shadowkv": ("shadowkv", "triton"), "rocketkv": ("rocketkv", "triton"),
+           "lrqk": ("lrqk", "triton")}
 FULLKV = ("fullkv", "fullkv_sdpa")
 
 
@@ -76,7 +92,9 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=30, help="timed replays (median; >= 20 on GPU)")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated for the per-token wall time")
     p.add_argument("--eager-reps", type=int, default=3)
-    p.add_argument("--summaries", choices=["random", "build"], default=None)
+    p.add_argument("--prefill-state", choices=["random", "real"], default=None,
+                   help="the selectors' expensive prefill parts: random values in their exact layout (GPU default) "
+                        "or computed (dry-run default); bench/prefill_state.py")
     p.add_argument("--profile-reps", type=int, default=3, help="replays under torch.profiler (0: no profile)")
     p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--bandwidth", type=float, default=4.5e12, help="bytes/s for the byte floor (H200 measured)")
@@ -89,9 +107,9 @@ def parse_args(argv=None):
         args.batch = [b for b in args.batch if b <= 2] or [1]  # rows are equal: 2 exercise the batched step
         args.budget = 128
         args.reps, args.tokens, args.eager_reps, args.profile_reps = 2, 8, 1, 1  # 701 .. 709 cross a page boundary
-        args.summaries = args.summaries or "build"
+        args.prefill_state = args.prefill_state or "real"
     else:
-        args.summaries = args.summaries or "random"
+        args.prefill_state = args.prefill_state or "random"
         if args.reps < 20:
             p.error("--reps must be >= 20 (median of at least 20 steps)")
     return args
@@ -119,27 +137,21 @@ def kv_bytes(model, L: int, batch: int = 1) -> int:
     return 2 * batch * L * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * 2
 
 
-def fill_cache(cache, L: int, gen, summaries: str, device, dtype, batch: int = 1) -> None:
-    """Random K/V at every layer for `batch` rows of L tokens (what a prefill would leave), then each selector's
-    prefill state."""
-    from locks.core.selector import PrefillContext
+def fill_cache(cache, L: int, gen, prefill_state: str, device, dtype, batch: int = 1, max_new_tokens: int = 0) -> None:
+    """Random K/V at every layer for `batch` rows of L tokens (what a prefill would leave), then each selector's own
+    prefill on them, its expensive parts as `prefill_state` says (bench/prefill_state.py), with the model's RoPE."""
+    import functools
 
     cache.phase = "prefill"
-    positions = torch.arange(L, device=device)[None].expand(batch, -1)
-    for layer, info in zip(cache.layers, cache.infos):
+    cache.max_new_tokens = max_new_tokens
+    for i, (layer, info) in enumerate(zip(cache.layers, cache.infos)):
         shape = (batch, info.num_kv_heads, L, info.head_dim)
         k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         layer.update(k, v)
-        selector = layer.selector
-        if isinstance(selector, LocksSelector):  # building 2M pages' summaries costs minutes: random or chunked
-            n = selector.page_size
-            selector.use_summaries(
-                random_summaries(batch, info.num_kv_heads, L // n, info.head_dim, selector.rank, n, device, gen)
-                if summaries == "random" else build_summaries_chunked(k, n, selector.rank))
-        else:
-            selector.prefill(PrefillContext(keys=k, values=v, queries=k[:, :, :0], positions=positions,
-                                            pre_rope_keys=lambda: None))
+        prefill_selector(layer.selector, k, v, gen, prefill_state, max_new_tokens=max_new_tokens,
+                         rotate=functools.partial(cache.rotate, layer_idx=i),
+                         unrotate=functools.partial(cache.unrotate, layer_idx=i))
 
 
 def sync(device):
@@ -191,7 +203,7 @@ def profile_step(args, rec: Recorder, base: dict, replay, device) -> None:
 
 
 def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, device, dtype, weights: int,
-               fullkv: dict | None, batch: int = 1) -> dict | None:
+               fullkv: dict | None, batch: int = 1, h2d_bps: float | None = None) -> dict | None:
     from locks.core.cache import SelectorCache
     from locks.core.registry import MethodSpec
     from locks.core.static_decode import StaticDecodeStep
@@ -200,9 +212,16 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
     tag = f"[{shape} L={L} B={batch}]"
     gen = torch.Generator(device=device).manual_seed(args.seed)
     name, backend = METHODS[method]
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    allocated = torch.cuda.memory_allocated() if cuda else 0
     cache = SelectorCache(model, MethodSpec(name, args.budget, backend=backend))
-    fill_cache(cache, L, gen, args.summaries, device, dtype, batch)
-    step = StaticDecodeStep(model, cache, batch, L + args.tokens + 2, cuda_graph=device.type == "cuda")
+    fill_cache(cache, L, gen, args.prefill_state, device, dtype, batch, max_new_tokens=args.tokens + 2)
+    step = StaticDecodeStep(model, cache, batch, L + args.tokens + 2, cuda_graph=cuda)
+    memory = dict(cache_and_state_bytes=torch.cuda.memory_allocated() - allocated if cuda else None)
+    design = [layer.selector.memory_bytes(L) for layer in cache.layers]
+    memory["design_bytes"] = {part: batch * sum(m[part] for m in design) for part in ("kv", "state", "host")}
     vocab = model.config.vocab_size
     token = torch.randint(0, vocab, (batch,), generator=gen, device=device)
 
@@ -213,8 +232,11 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
 
     with torch.inference_mode():
         place(L)
-        with cache.static_counters_kept():  # repeated runs of one step add nothing to the accounting
+        # each block leaves the counters and the selectors' static_state as they were: runs of a step at one
+        # position then repeat the first one exactly (LRQK's solver and ShadowKV's buffer carry over otherwise)
+        with cache.static_counters_kept():
             eager = time_ms(step.forward, device, args.eager_reps)
+        with cache.static_counters_kept():
             eager_logits = step.forward().float().clone()
         logits = step(token, L).float()  # captures on CUDA, then replays; the cache now holds L + 1 tokens
         cache.stats.steps += 1
@@ -245,23 +267,40 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         replay = step.graph.replay if step.graph is not None else step.forward
         with cache.static_counters_kept():
             graph = time_ms(replay, device, args.reps)
+            if cuda:  # one replay's transient memory above what the run holds
+                sync(device)
+                before = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                replay()
+                sync(device)
+                memory["step_peak_bytes"] = torch.cuda.max_memory_allocated() - before
             if args.profile_reps > 0:
                 profile_step(args, rec, base, replay, device)
     stats = cache.stats.summary()  # per row: the weights are read once per step, the K/V and metadata per row
     step_bytes = weights + batch * stats["bytes_read_per_step"]
+    h2d = batch * stats["h2d_bytes_per_step"]
+    h2d_floor = 1e3 * h2d / h2d_bps if h2d_bps else 0.0
+    floor = 1e3 * step_bytes / args.bandwidth + h2d_floor
     ms = statistics.median(graph)
     out = dict(kind="e2e", **base, ms_graph=ms, ms_graph_min=min(graph), ms_eager=statistics.median(eager),
                timing="cuda_graph" if step.graph is not None else "eager_static", ms_per_token=per_token,
                tokens_per_s=batch * 1e3 / per_token, weights_bytes=weights,
                kv_and_metadata_bytes_per_step=stats["bytes_read_per_step"], bytes_per_step=step_bytes,
-               byte_floor_ms=1e3 * step_bytes / args.bandwidth, attended_tokens=stats["attended_tokens_per_step"],
-               summaries=args.summaries if method == "locks" else None)
+               byte_floor_ms=1e3 * step_bytes / args.bandwidth, h2d_bytes_per_step=h2d, h2d_floor_ms=h2d_floor,
+               h2d_bandwidth=h2d_bps, floor_ms=floor, attended_tokens=stats["attended_tokens_per_step"],
+               prefill_state=args.prefill_state, **memory)
+    if cuda:
+        out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
     if fullkv is not None:
-        out.update(speedup_vs_fullkv=fullkv["ms_graph"] / ms, byte_ceiling=fullkv["bytes_per_step"] / step_bytes,
+        out.update(speedup_vs_fullkv=fullkv["ms_graph"] / ms, byte_ceiling=fullkv["floor_ms"] / floor,
                    fullkv_reference=fullkv["method"])
     rec.write(out)
     line = (f"{tag} {method:<7} {ms:8.3f} ms/step ({out['timing']}), eager {out['ms_eager']:.3f} ms, "
             f"{out['tokens_per_s']:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, floor {out['byte_floor_ms']:.3f} ms")
+    if h2d:
+        line += f" + h2d {h2d / 1e6:.2f} MB/step, {h2d_floor:.3f} ms"
+    if memory.get("cache_and_state_bytes") is not None:
+        line += f", cache+state {memory['cache_and_state_bytes'] / 2**30:.2f} GiB"
     if fullkv is not None:
         line += (f", x{out['speedup_vs_fullkv']:.2f} vs {fullkv['method']} "
                  f"(byte ceiling x{out['byte_ceiling']:.2f})")
@@ -289,6 +328,9 @@ def main(argv=None) -> int:
                    transformers=transformers.__version__, args=vars(args), argv=sys.argv[1:],
                    time=time.strftime("%Y-%m-%d %H:%M:%S")))
     print(f"bench_e2e on {name}: torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    h2d_bps = h2d_bandwidth(device)
+    rec.write(dict(kind="bandwidth", what="pinned host-to-device copy", bytes_per_s=h2d_bps, device=name))
+    print(f"pinned host-to-device copy: {h2d_bps / 1e9:.1f} GB/s", flush=True)
     shapes = MODELS_DRY if args.dry_run else MODELS
     for shape in args.shapes:
         kind, overrides = shapes[shape]
@@ -305,13 +347,15 @@ def main(argv=None) -> int:
             for method in sorted(args.methods, key=lambda m: m not in FULLKV):
                 try:
                     result = run_method(args, rec, model, shape, L, method, device, dtype, weights,
-                                        None if method in FULLKV else fullkv, batch)
+                                        None if method in FULLKV else fullkv, batch, h2d_bps)
                     if method in FULLKV and (fullkv is None or result["ms_graph"] < fullkv["ms_graph"]):
                         fullkv = result
-                except torch.cuda.OutOfMemoryError as e:
-                    rec.write(dict(kind="skip", shape=shape, context=L, batch=batch, method=method,
-                                   reason=str(e).splitlines()[0]))
-                    print(f"[{shape} L={L} B={batch}] {method}: out of memory", flush=True)
+                except Exception as e:  # out of device or pinned host memory, a capture that fails: recorded
+                    if args.dry_run:
+                        raise
+                    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                    rec.write(dict(kind="skip", shape=shape, context=L, batch=batch, method=method, reason=reason[:500]))
+                    print(f"[{shape} L={L} B={batch}] {method}: skipped, {reason[:200]}", flush=True)
                 finally:
                     if device.type == "cuda":
                         torch.cuda.empty_cache()

@@ -114,3 +114,16 @@ def set_agreement(a, b, ref_scores, tol=1e-5) -> float:
         if all(abs(float(sc[r, p] - kth[r])) <= tol * max(1.0, abs(float(kth[r]))) for p in diff):
             same += 1
     return same / max(1, a2.shape[0])
+
+
+def rope_rotate(keys, positions, theta=500000.0, inverse=False):
+    """Llama's rotary embedding (half-split layout, base `theta`) of keys [B, H, n, d] at positions [B, n]:
+    k' = k cos(p w) + rot(k) sin(p w), w_i = theta^(-2i/d), rot(k) = (-k_hi, k_lo); inverse=True rotates back."""
+    d = keys.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, d, 2, device=keys.device, dtype=torch.float32) / d)
+    angle = positions.float()[..., None] * inv_freq  # [B, n, d/2]
+    cos = torch.cat([angle.cos()] * 2, -1)[:, None]
+    sin = torch.cat([angle.sin()] * 2, -1)[:, None] * (-1.0 if inverse else 1.0)
+    k = keys.float()
+    rotated = torch.cat([-k[..., d // 2:], k[..., : d // 2]], -1)
+    return (k * cos + rotated * sin).to(keys.dtype)

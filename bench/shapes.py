@@ -21,3 +21,6 @@ MODELS_DRY = {  # the same GQA groups (16 and 4), tiny
     "llama": ("llama", dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
                             num_attention_heads=8, num_key_value_heads=2, head_dim=64)),
 }
+
+# whole models of the device-memory table (paper_figs/memory_table.py): (name, layers, query heads, KV heads, head dim)
+FULL_MODELS = {"glm": ("GLM-4-9B", 40, 32, 2, 128), "llama": ("Llama-3.1-8B", 32, 32, 8, 128)}

@@ -3,8 +3,8 @@
 # as it is taken and writing it under $OUT, so that a time-out loses nothing measured before it:
 #   1. the kernel and static-decode tests, compiled on the GPU (real CUDA-graph capture of every method's decode step,
 #      ShadowKV's and LRQK's reading their pinned host stores from inside the graph)
-#   2. scripts/bench_decode.py  per-layer decode attention at 128K / 256K / 1M   -> $OUT/decode.jsonl
-#   3. scripts/bench_e2e.py     the CUDA-graph decode step of whole random models -> $OUT/e2e.jsonl
+#   2. scripts/bench_decode.py  per-layer decode attention at 128K / 256K / 1M, every selector -> $OUT/decode.jsonl
+#   3. scripts/bench_e2e.py     the CUDA-graph decode step of whole random models, every selector -> $OUT/e2e.jsonl
 # Each part has its own time limit (TESTS_S, DECODE_S, E2E_S seconds), so one run stays well inside a device call.
 #
 # Here, first (the image has transformers 5.17; this project pins 5.24, a pure-Python wheel that travels):
@@ -34,9 +34,11 @@ if [ "$mode" = run ] && compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
-# the 1M context first: the headline targets come before anything a time limit could cut off
-sizes=(--contexts 1048576 131072 262144)
-if [ "$mode" = dry ]; then sizes=(--dry-run); fi
+# per layer: the 1M context first (the headline targets come before anything a time limit could cut off), batch 1;
+# end to end: 128K first, where every selector's step fits next to the cache, then 1M and 256K
+sizes=(--contexts 1048576 131072 262144 --batch 1)
+e2e_sizes=(--contexts 131072 1048576 262144)
+if [ "$mode" = dry ]; then sizes=(--dry-run); e2e_sizes=(--dry-run); fi
 
 {
   date -u
@@ -53,5 +55,5 @@ echo "== 2. per-layer decode attention"
 timeout "${DECODE_S:-110}" "$PY" scripts/bench_decode.py --out "$OUT/decode.jsonl" "${sizes[@]}" 2>&1 \
   | tee "$OUT/decode.txt"
 echo "== 3. end-to-end CUDA-graph decode step"
-timeout "${E2E_S:-140}" "$PY" scripts/bench_e2e.py --out "$OUT/e2e.jsonl" "${sizes[@]}" 2>&1 | tee "$OUT/e2e.txt"
+timeout "${E2E_S:-140}" "$PY" scripts/bench_e2e.py --out "$OUT/e2e.jsonl" "${e2e_sizes[@]}" 2>&1 | tee "$OUT/e2e.txt"
 echo "== done: $OUT"

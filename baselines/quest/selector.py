@@ -156,6 +156,14 @@ class QuestSelector(Selector):
         if not self.dense:
             self._extend(keys)
 
+    def memory_bytes(self, length: int) -> dict[str, float]:
+        """The whole K/V on the device plus every page's channel-wise key max and min (the keys' dtype); the first
+        `dense_layers` layers keep none."""
+        info = self.info
+        pages = 0 if self.dense else -(-length // self.page_size)
+        state = 2 * pages * info.head_dim * info.kv_element_bytes * info.num_kv_heads
+        return {**super().memory_bytes(length), "state": float(state)}
+
     @property
     def page_budget(self) -> int:
         """Pages per step under the kernel rule, the current (last) page included: budget // page_size."""

@@ -205,6 +205,13 @@ class Selector(ABC):
         Averaged over layers per sample, then over samples, into metrics.json["method_metrics"]."""
         return {}
 
+    def memory_bytes(self, length: int) -> dict[str, float]:
+        """What one layer holds for one sequence after a prompt of `length` tokens, in the method's own design
+        (docs/memory.md): "kv" the K/V bytes kept on the device, "state" the selection state on the device
+        (summaries, min/max, factors, landmarks; index lists not counted), "host" the bytes kept in host memory.
+        Default (FullKV, the oracles): the whole K/V on the device, no state."""
+        return {"kv": float(length * self.info.token_kv_bytes), "state": 0.0, "host": 0.0}
+
     # ----- static decode (CUDA-graph capturable) ------------------------------------------------------------------
 
     def static_decode_error(self) -> str | None:

@@ -121,6 +121,19 @@ class LocksSelector(PageSelector):
     def score_bounds(self, query, num_pages):
         return score_bound(query, self.summaries, self.info.scaling)[..., :num_pages]
 
+    def memory_bytes(self, length):
+        """The whole K/V on the device plus each complete page's summary and the per-head mean (fp32)."""
+        info = self.info
+        pages = length // self.page_size
+        per_page = summary_bytes_per_page(self._layout_of_one_page())
+        state = info.num_kv_heads * (pages * per_page + 4 * info.head_dim)
+        return {**super().memory_bytes(length), "state": float(state)}
+
+    def _layout_of_one_page(self):
+        """The summaries of one page of random keys, built by the code that lays out every page."""
+        keys = torch.randn(1, 1, self.page_size, self.info.head_dim, generator=torch.Generator().manual_seed(0))
+        return build_summaries(keys, self.page_size, self.rank, self.quant)
+
     def scoring_bytes(self, num_candidates):
         # A7: summaries of the candidate pages + the G queries + the aggregated score written and re-read (fp32).
         info = self.info

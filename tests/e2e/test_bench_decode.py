@@ -16,6 +16,8 @@ import pytest
 import triton  # noqa: E402,F401  (a dev dependency: a missing triton fails, it never skips)
 
 from bench import decode as bench_decode
+from bench import e2e as bench_e2e
+from bench.e2e import FULLKV
 from bench.shapes import ATTENTION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +48,7 @@ def test_bench_decode_dry_run(tmp_path):
                 assert skipped[m]["reason"] and m in ("sdpa_cudnn", "sdpa_flash", "flash_attn_kvcache"), skipped[m]
         # our own kernels and the reference are always measured
         for m in ("triton_full", "locks_fused", "locks_score", "topk", "locks_decode", "quest_fused",
-                  "quest_fused_per_head", "locks_torch"):
+                  "quest_fused_per_head", "locks_torch", *bench_decode.SELECTOR_STEPS):
             r = done[m]
             assert r["ms"] > 0 and r["reps"] == 2 and r["timing"] == "cpu_wall" and r["bytes"] > 0 and r["gbps"] > 0
         assert "speedup_vs_fastest_fullkv" in done["locks_fused"] and done["locks_fused"]["fastest_fullkv"]
@@ -62,6 +64,18 @@ def test_bench_decode_dry_run(tmp_path):
             assert c["ok"] and c["max_rel_err"] <= c["tolerance"] <= 1e-2, c
         for m in ("locks_fused", "quest_fused", "quest_fused_per_head"):
             assert checks[m]["set_agreement"] == 1.0 and checks[m]["score_rel_err"] <= 1e-3
+        # every other selector through its own static step (the token Oracle: its exact top-k), checked against
+        # the reference attention over its selection, with its own bytes accounting and host traffic
+        bandwidth = next(r for r in recs if r["kind"] == "bandwidth")["bytes_per_s"]
+        for m in bench_decode.SELECTOR_STEPS:
+            assert checks[m]["ok"] and checks[m]["max_rel_err"] <= 1e-2, checks[m]
+            r = done[m]
+            assert r["ms"] > 0 and 0 < r["bytes"] and 0 < r["attended_tokens"] <= 256 * r["Hq"] // r["Hkv"], (m, r)
+            assert (r["h2d_bytes"] > 0) == (m in ("shadowkv_static", "lrqk_static")), m
+            assert r["h2d_floor_ms"] == pytest.approx(1e3 * r["h2d_bytes"] / bandwidth)
+            assert r["floor_ms"] > r["h2d_floor_ms"] and r["byte_ceiling"] > 0 and "speedup_vs_fastest_fullkv" in r
+        # RocketKV attends fewer bytes than FullKV; the exact top-k reads every key to choose
+        assert done["rocketkv_static"]["bytes"] < done["triton_full"]["bytes"] < done["oracle_token_topk"]["bytes"]
     # printed as it goes: one line per measurement
     assert proc.stdout.count("ms (cpu_wall)") == sum(r["kind"] == "measurement" for r in recs)
 
@@ -90,9 +104,11 @@ def test_a_dry_run_never_writes_the_committed_gpu_results():
 
 
 def test_bench_e2e_dry_run(tmp_path):
-    """scripts/bench_e2e.py --dry-run: random-weight GLM-shaped model, cache filled at 700 tokens, the static step
-    for FullKV / LOCKS / Quest (eager on CPU) at batch 1 and 2, its check against an eager run, and the e2e records:
-    equal rows read the same bytes per row, and the weights once per step."""
+    """scripts/bench_e2e.py --dry-run: random-weight GLM-shaped model, cache filled at 700 tokens and every
+    selector's own prefill on it, the static step of FullKV (twice), LOCKS, Quest, ShadowKV, RocketKV and LRQK
+    (eager on CPU) at batch 1 and 2, its check against an eager run, and the e2e records: equal rows read the same
+    bytes per row and the weights once per step; host-to-device bytes with their floor at the run's measured copy
+    bandwidth; each method's own design's device and host bytes."""
     out = tmp_path / "e2e.jsonl"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_e2e.py"), "--dry-run", "--shapes", "glm",
@@ -101,9 +117,13 @@ def test_bench_e2e_dry_run(tmp_path):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert recs[0]["kind"] == "run" and recs[0]["script"] == "bench_e2e"
     checks = [r for r in recs if r["kind"] == "check"]
-    assert len(checks) == 8 and all(c["ok"] and c["max_rel_err"] <= 1e-2 for c in checks)
+    methods = ("fullkv", "fullkv_sdpa", "locks", "quest", "shadowkv", "rocketkv", "lrqk")
+    assert set(bench_e2e.METHODS) == set(methods)
+    assert len(checks) == 2 * len(methods) and all(c["ok"] and c["max_rel_err"] <= 1e-2 for c in checks)
+    bandwidth = [r for r in recs if r["kind"] == "bandwidth"]
+    assert len(bandwidth) == 1 and bandwidth[0]["bytes_per_s"] > 0
     pairs = {(r["method"], r["batch"]): r for r in recs if r["kind"] == "e2e"}
-    assert set(pairs) == {(m, b) for m in ("fullkv", "fullkv_sdpa", "locks", "quest") for b in (1, 2)}
+    assert set(pairs) == {(m, b) for m in methods for b in (1, 2)}
     for (method, batch), r in pairs.items():  # bytes per row; the rows' random K/V differ, so only FullKV is exact
         if batch == 2:
             one = pairs[(method, 1)]
@@ -127,3 +147,16 @@ def test_bench_e2e_dry_run(tmp_path):
         assert e2e[method]["attended_tokens"] < full["attended_tokens"]
         assert e2e[method]["kv_and_metadata_bytes_per_step"] < full["kv_and_metadata_bytes_per_step"]
         assert e2e[method]["byte_ceiling"] > 1 and e2e[method]["speedup_vs_fullkv"] > 0
+    for method, r in e2e.items():  # the floor adds the host reads at the measured copy bandwidth
+        assert r["h2d_floor_ms"] == pytest.approx(1e3 * r["h2d_bytes_per_step"] / bandwidth[0]["bytes_per_s"])
+        assert r["floor_ms"] == pytest.approx(r["byte_floor_ms"] + r["h2d_floor_ms"])
+        assert (r["h2d_bytes_per_step"] > 0) == (method in ("shadowkv", "lrqk")), method  # their misses
+        if method not in FULLKV:
+            assert r["byte_ceiling"] == pytest.approx(e2e[r["fullkv_reference"]]["floor_ms"] / r["floor_ms"])
+        assert r["cache_and_state_bytes"] is None and r["prefill_state"] == "real"  # CPU: no device memory
+    design = {m: r["design_bytes"] for m, r in e2e.items()}
+    assert design["fullkv"]["kv"] == 3 * 700 * 2 * 64 * 2  # 3 layers of 700 tokens, 1 KV head, bf16
+    assert design["locks"]["kv"] == design["fullkv"]["kv"] < design["locks"]["kv"] + design["locks"]["state"]
+    for method in ("shadowkv", "rocketkv"):  # keep fewer tokens' K/V on the device than the cache holds
+        assert design[method]["kv"] < design["fullkv"]["kv"], method
+    assert design["shadowkv"]["host"] > 0 and design["lrqk"]["host"] > 0 and design["rocketkv"]["host"] == 0

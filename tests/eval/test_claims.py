@@ -114,3 +114,51 @@ def test_byte_ceiling_at_batch_b_reads_weights_once_and_kv_per_row():
     assert md.count("\n| ") == 1 + len(claims.SHAPES) * len(claims.SPEEDUP_CLAIMS)
     speedups = [r for r in claims.speedup_rows(Path("/nonexistent")) if "1.59x" in r["claim"]]
     assert f"reachable from batch {b} (GLM-4-9B" in speedups[0]["measured"]
+
+
+def anchor(rows, prefix):
+    return next(r for c, r in rows.items() if c.startswith(prefix))
+
+
+def test_anchor_claims_without_gpu_records_are_analytic_and_not_measured(tmp_path):
+    """Each anchor's speed claim without results/gpu/: "not measured", with the byte-bound ceiling computed from the
+    selector's own step (between 1 and the method's K/V ratio); the batch and memory claims from memory_bytes."""
+    rows = by_claim(pd.DataFrame(claims.anchor_rows(tmp_path)))
+    for prefix in ("Quest: 1.74x", "RocketKV: 3.7x", "ShadowKV: 6x", "RocketKV: 32.6%"):
+        assert anchor(rows, prefix).verdict == "not measured", prefix
+    quest = claims.whole_step_ceiling("llama", "quest", 32768)
+    assert 1 < quest < 1.74 and f"{quest:.2f}x" in anchor(rows, "Quest: 1.74x").measured
+    weights, layers = claims.weights_and_layers("llama")
+    full = claims.step_bytes("llama", 131072)[0]
+    rocket = claims.whole_step_ceiling("llama", "rocketkv", 131072)
+    assert 1 < rocket < (weights + layers * full) / weights  # below the ceiling of reading no K/V at all
+    # ShadowKV: FullKV's 16 GB-per-row cache at 122K leaves room for 3 rows next to 16 GB of weights in 80 GB
+    assert claims.max_batch("llama", "fullkv", 124928, 80e9) == 3
+    assert "24 vs FullKV's 3 rows" in anchor(rows, "ShadowKV: 6x").measured
+    assert anchor(rows, "LOCKS saves bandwidth").verdict == "holds"  # 1.098x the device bytes, 0.1x the reads
+
+
+def test_anchor_claims_from_gpu_records(tmp_path):
+    """With e2e records: the measured speedup, tokens/s and peak memory decide the verdicts."""
+    gpu = tmp_path / "gpu"
+    gpu.mkdir()
+    recs = [{"kind": "run", "script": "bench_e2e"}]
+
+    def e2e(method, context, batch, ms, tps, peak, speedup=None):
+        r = {"kind": "e2e", "shape": "llama", "context": context, "method": method, "budget": 2048, "batch": batch,
+             "ms_graph": ms, "timing": "cuda_graph", "tokens_per_s": tps, "bytes_per_step": 1e9,
+             "peak_allocated_bytes": peak}
+        if speedup is not None:
+            r.update(speedup_vs_fullkv=speedup, byte_ceiling=speedup * 1.2, fullkv_reference="fullkv")
+        return r
+
+    recs += [e2e("fullkv", 32768, 1, 10.0, 100.0, 20e9), e2e("quest", 32768, 1, 8.0, 125.0, 21e9, speedup=1.25),
+             e2e("fullkv", 131072, 1, 20.0, 50.0, 32e9), e2e("rocketkv", 131072, 1, 5.0, 200.0, 20e9, speedup=4.0),
+             e2e("fullkv", 124928, 1, 20.0, 50.0, 32e9), e2e("shadowkv", 124928, 8, 40.0, 200.0, 60e9)]
+    (gpu / "e2e.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    rows = by_claim(pd.DataFrame(claims.anchor_rows(tmp_path)))
+    assert anchor(rows, "Quest: 1.74x").verdict == "does not hold" and "1.25x" in anchor(rows, "Quest: 1.74x").measured
+    assert anchor(rows, "RocketKV: 3.7x").verdict == "holds"
+    assert anchor(rows, "ShadowKV: 6x").verdict == "holds" and "4.00x tokens/s" in anchor(rows, "ShadowKV: 6x").measured
+    memory = anchor(rows, "RocketKV: 32.6%")
+    assert memory.verdict == "holds" and "measured 37.5% lower" in memory.measured  # 1 - 20 / 32
