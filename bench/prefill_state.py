@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from bench.inputs import build_summaries_chunked, random_summaries
+from locks.method.layouts import DEFAULT_LAYOUT
 
 
 class PrefillState(dict):
@@ -44,9 +45,9 @@ class PrefillState(dict):
         B, H, L, d = self.keys.shape
         device = self.keys.device
         if key[0] == "locks.summaries":
-            n, rank, quant = key[1:]
-            if quant != "int":
-                return None  # unquantized summaries: built by the selector
+            n, rank, quant, layout = key[1:]
+            if quant != "int" or layout != DEFAULT_LAYOUT.name:
+                return None  # unquantized summaries and other layouts: built by the selector
             if self.mode == "real":
                 return build_summaries_chunked(self.keys[:, :, : L // n * n], n, rank)
             return random_summaries(B, H, L // n, d, rank, n, device, self.gen)

@@ -6,11 +6,14 @@ is S_{g,j} = logsumexp_i s (q_g . mu_j + (V_j^T q_g) . c_i); `PageSelector` aggr
 forced set and takes the top pages. Summaries are built in one batch at prefill and one page at a time during
 decode, when a page's last token arrives (A2); the partial page is attended densely until then.
 """
+import functools
+
 import torch
 
 from locks.core.paging import PageSelector
 from locks.core.registry import register
 from locks.errors import ConfigError
+from locks.method.layouts import SummaryLayout
 from locks.method.summaries import (
     build_summaries,
     concat_summaries,
@@ -29,16 +32,40 @@ class LocksSelector(PageSelector):
     report_order = 3
 
     def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=64, sink_pages=1,
-                 aggregation="norm", quant="int"):
+                 aggregation="norm", quant="int", v_bits=4, v_group=0, c_bits=8, mu_format="head_int8",
+                 w_dtype="fp32"):
         super().__init__(info, budget, budget_mode, page_size, recent_window, sink_pages, aggregation)
-        if not 0 <= rank < page_size:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < page_size:
             raise ConfigError(f"method.rank must satisfy 0 <= rank < method.page_size={page_size} (got {rank})")
         if quant not in ("int", "none"):
             raise ConfigError(f"method.quant must be 'int' or 'none' (got {quant!r})")
         self.rank = rank
         self.quant = quant
+        # the quantized layout's switches (locks/method/layouts.py); the default is the fused kernels' 804 B/page
+        self.layout = SummaryLayout(v_bits, v_group, c_bits, mu_format, w_dtype)
+        if quant == "none" and not self.layout.is_default:
+            raise ConfigError(f"method.quant=none keeps fp32 summaries: the layout switches (v_bits, v_group, c_bits, "
+                              f"mu_format, w_dtype) need method.quant=int (got {self.layout.name})")
+        if quant == "int":
+            self.layout.check(info.head_dim, page_size)
         self.summaries = None
         self.pages_built = 0
+
+    @property
+    def fused_scoring(self) -> bool:
+        """Whether the fused Triton scorer runs: backend triton and the default quantized layout (the only one the
+        kernels read; every other layout, and quant=none, is scored by the PyTorch reference)."""
+        return self.info.backend == "triton" and self.quant == "int" and self.layout.is_default
+
+    def extra_metrics(self) -> dict:
+        """The summaries' bytes per page (of the layout they are stored in) and whether the fused kernels scored
+        them (1) or the PyTorch reference did (0), per layer; metrics.json averages them over layers."""
+        return {"summary_bytes_per_page": float(self.bytes_per_page), "fused_scoring": float(self.fused_scoring)}
+
+    @functools.cached_property
+    def bytes_per_page(self) -> int:
+        """Summary bytes per page and KV head in this selector's layout (summary_bytes_per_page of one built page)."""
+        return summary_bytes_per_page(self._layout_of_one_page())
 
     def use_summaries(self, summaries) -> None:
         """Score these summaries of complete pages instead of building them at prefill (the GPU benchmarks give
@@ -50,15 +77,15 @@ class LocksSelector(PageSelector):
         n = self.page_size
         self.pages_built = ctx.keys.shape[2] // n
         keys = ctx.keys[:, :, : self.pages_built * n]
-        self.summaries = ctx.shared(("locks.summaries", n, self.rank, self.quant),
-                                    lambda: build_summaries(keys, n, self.rank, self.quant))
+        self.summaries = ctx.shared(("locks.summaries", n, self.rank, self.quant, self.layout.name),
+                                    lambda: build_summaries(keys, n, self.rank, self.quant, layout=self.layout))
 
     def append(self, keys, values):
         n = self.page_size
         pages = keys.shape[2] // n
         if pages > self.pages_built:
             new = build_summaries(keys[:, :, self.pages_built * n : pages * n], n, self.rank, self.quant,
-                                  head_mean=self.summaries.head_mean)
+                                  head_mean=self.summaries.head_mean, layout=self.layout)
             self.summaries = concat_summaries(self.summaries, new)
             self.pages_built = pages
 
@@ -77,11 +104,12 @@ class LocksSelector(PageSelector):
         todo = [(s, k) for s, k in zip(selectors, keys) if length // s.page_size > s.pages_built]
         groups: dict[tuple, list] = {}
         for s, k in todo:
-            groups.setdefault((s.page_size, s.rank, s.quant, s.pages_built), []).append((s, k))
-        for (n, rank, quant, built), members in groups.items():
+            groups.setdefault((s.page_size, s.rank, s.quant, s.layout, s.pages_built), []).append((s, k))
+        for (n, rank, quant, layout, built), members in groups.items():
             pages = length // n
             new = build_summaries(torch.cat([k[:, :, built * n : pages * n] for _, k in members], dim=1), n, rank,
-                                  quant, head_mean=torch.cat([s.summaries.head_mean for s, _ in members], dim=1))
+                                  quant, head_mean=torch.cat([s.summaries.head_mean for s, _ in members], dim=1),
+                                  layout=layout)
             h = 0
             for s, k in members:
                 write_summaries(s.summaries, new, built, heads=slice(h, h + k.shape[1]))
@@ -89,7 +117,7 @@ class LocksSelector(PageSelector):
                 s.pages_built = pages
 
     def static_candidate_scores(self, query, keys, length):
-        if self.info.backend != "triton" or self.quant != "int":
+        if not self.fused_scoring:
             return super().static_candidate_scores(query, keys, length)
         from locks.method.kernels import locks_aggregated_scores
 
@@ -102,7 +130,7 @@ class LocksSelector(PageSelector):
         # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the
         # candidate range [lo, hi): LOCKS's forced pages are a prefix (sink) and a suffix (recent pages), so lo and
         # hi are found by walking the (few) forced pages, never the page list (this runs every step in every layer).
-        if self.info.backend != "triton" or self.quant != "int" or forced_log_mass is not None:
+        if not self.fused_scoring or forced_log_mass is not None:
             return super().scored_pages(query, keys, num_pages, forced, forced_log_mass)
         bounds = self.candidate_range(num_pages, forced)
         if bounds is None:  # a forced page inside the candidates: not a range
@@ -125,14 +153,14 @@ class LocksSelector(PageSelector):
         """The whole K/V on the device plus each complete page's summary and the per-head mean (fp32)."""
         info = self.info
         pages = length // self.page_size
-        per_page = summary_bytes_per_page(self._layout_of_one_page())
+        per_page = self.bytes_per_page
         state = info.num_kv_heads * (pages * per_page + 4 * info.head_dim)
         return {**super().memory_bytes(length), "state": float(state)}
 
     def _layout_of_one_page(self):
         """The summaries of one page of random keys, built by the code that lays out every page."""
         keys = torch.randn(1, 1, self.page_size, self.info.head_dim, generator=torch.Generator().manual_seed(0))
-        return build_summaries(keys, self.page_size, self.rank, self.quant)
+        return build_summaries(keys, self.page_size, self.rank, self.quant, layout=self.layout)
 
     def scoring_bytes(self, num_candidates):
         # A7: summaries of the candidate pages + the G queries + the aggregated score written and re-read (fp32).

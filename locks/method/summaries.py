@@ -230,16 +230,20 @@ def _flat_pages(keys: Tensor, page_size: int) -> tuple[Tensor, tuple[int, int, i
     return keys[:, :, : P * page_size].reshape(B * H * P, page_size, d), (B, H, P, d)
 
 
-def _summarize(keys: Tensor, n: int, r: int, quant: str, head_mean: Tensor | None) -> Summaries:
+def _summarize(keys: Tensor, n: int, r: int, quant: str, head_mean: Tensor | None, layout=None) -> Summaries:
     """Shared driver of page_svd / build_summaries (A6, then A4 per chunk when quant == "int").
 
     Pass 1 computes the means and Gram matrices, one batched eigh follows, pass 2 computes V (and either C, rho,
     sigma or the quantized fields). For quant="int" the unquantized C/rho/sigma are not materialized; the result is
-    bitwise identical to quantize(page_svd(keys), keys, head_mean) (same per-chunk code, tested).
+    bitwise identical to quantize(page_svd(keys), keys, head_mean) (same per-chunk code, tested). A non-default
+    `layout` (locks/method/layouts.py SummaryLayout) quantizes each chunk its own way (its empty / quantize_chunk /
+    result) after the same construction.
     """
     _check_page_rank(n, r)
     flat, (B, H, P, d) = _flat_pages(keys, n)
-    if quant == "int" and d % 2:
+    if layout is not None:
+        layout.check(d, n)
+    elif quant == "int" and d % 2:
         raise ValueError(f"head dim must be even for int4 packing (got {d})")
     N = B * H * P
     dev = keys.device
@@ -267,7 +271,7 @@ def _summarize(keys: Tensor, n: int, r: int, quant: str, head_mean: Tensor | Non
     else:
         m_h = head_mean.to(device=dev, dtype=f32).expand(B, H, d).contiguous()
     if quant == "int":
-        out = _empty_quant(N, n, r, d, dev)
+        out = _empty_quant(N, n, r, d, dev) if layout is None else layout.empty(N, n, r, d, dev)
         mh_idx = torch.arange(B * H, device=dev).repeat_interleave(P)  # page -> (b, h) row of head_mean
         mh_flat = m_h.reshape(B * H, d)
     else:
@@ -294,7 +298,8 @@ def _summarize(keys: Tensor, n: int, r: int, quant: str, head_mean: Tensor | Non
         big = torch.gather(W, 2, W.abs().argmax(dim=2, keepdim=True))  # [c, r, 1]
         W = W * torch.where(big < 0, -1.0, 1.0)
         if quant == "int":
-            _quantize_chunk(out, i, X, D, mu[i : i + ch], W, mh_flat[mh_idx[i : i + ch]])
+            quantize_chunk = _quantize_chunk if layout is None else layout.quantize_chunk
+            quantize_chunk(out, i, X, D, mu[i : i + ch], W, mh_flat[mh_idx[i : i + ch]])
             continue
         # Reported sigma is sorted descending; V's columns keep eigh's order, which can differ from the sorted order
         # only between numerically tied singular values (where either choice is an equally valid basis).
@@ -308,7 +313,7 @@ def _summarize(keys: Tensor, n: int, r: int, quant: str, head_mean: Tensor | Non
         C[i : i + ch] = Cc
 
     if quant == "int":
-        return _quant_result(out, m_h, B, H, P)
+        return _quant_result(out, m_h, B, H, P) if layout is None else layout.result(out, m_h, B, H, P)
     return PageSummaries(mu=mu5, v=V.reshape(B, H, P, d, r), c=C.reshape(B, H, P, n, r), rho=rho.reshape(B, H, P),
                          sigma=sigma.reshape(B, H, P, n), head_mean=m_h)
 
@@ -430,23 +435,28 @@ def quantize(s: PageSummaries, keys: Tensor, head_mean: Tensor) -> QuantizedPage
 
 
 def build_summaries(keys: Tensor, page_size: int = 16, rank: int = 8, quant: str = "int",
-                    head_mean: Tensor | None = None) -> Summaries:
+                    head_mean: Tensor | None = None, layout=None) -> Summaries:
     """Summaries of the complete pages of `keys` [B,H,L,d] (a pure, deterministic function of its inputs).
 
     head_mean=None -> m_h = mean of mu over the pages given (zeros if P == 0). Decode-time pages must pass the
     prefill head_mean so that they are quantized against the same m_h (and can be concatenated). With
-    quant="none" head_mean is only stored.
+    quant="none" head_mean is only stored. `layout` (a locks.method.layouts.SummaryLayout, quant="int" only): None
+    or the default gives QuantizedPageSummaries, any other layout LayoutSummaries.
     """
     if quant not in ("int", "none"):
         raise ValueError(f"quant must be 'int' or 'none' (got {quant!r})")
-    return _summarize(keys, page_size, rank, quant, head_mean)
+    if layout is not None and layout.is_default:
+        layout = None
+    if layout is not None and quant != "int":
+        raise ValueError("a summary layout quantizes: it needs quant='int'")
+    return _summarize(keys, page_size, rank, quant, head_mean, layout)
 
 
 def empty_summaries(B: int, H: int, d: int, page_size: int = 16, rank: int = 8, quant: str = "int",
-                    device=None) -> Summaries:
+                    device=None, layout=None) -> Summaries:
     """P = 0 summaries of the right type (head_mean zeros)."""
     _check_page_rank(page_size, rank)
-    return build_summaries(torch.zeros(B, H, 0, d, device=device), page_size, rank, quant)
+    return build_summaries(torch.zeros(B, H, 0, d, device=device), page_size, rank, quant, layout=layout)
 
 
 def concat_summaries(a: Summaries, b: Summaries) -> Summaries:
@@ -463,12 +473,17 @@ def concat_summaries(a: Summaries, b: Summaries) -> Summaries:
         head_mean = a.head_mean
         if b.num_pages and isinstance(a, QuantizedPageSummaries) and not torch.equal(a.head_mean, b.head_mean):
             raise ValueError("concat_summaries: quantized summaries built with different head means")
+    if getattr(a, "layout", None) != getattr(b, "layout", None):
+        raise ValueError("concat_summaries: summaries of different layouts")
     out = {}
     for f in fields(a):
+        x = getattr(a, f.name)
         if f.name == "head_mean":
             out[f.name] = head_mean
+        elif not isinstance(x, Tensor):  # a layout
+            out[f.name] = x
         else:
-            out[f.name] = torch.cat((getattr(a, f.name), getattr(b, f.name)), dim=2)
+            out[f.name] = torch.cat((x, getattr(b, f.name)), dim=2)
     return type(a)(**out)
 
 
@@ -480,7 +495,7 @@ def preallocate_summaries(s: Summaries, pages: int) -> Summaries:
     out = {}
     for f in fields(s):
         x = getattr(s, f.name)
-        if f.name != "head_mean":
+        if f.name != "head_mean" and isinstance(x, Tensor):
             buf = x.new_zeros(*x.shape[:2], pages, *x.shape[3:])
             buf[:, :, : x.shape[2]] = x
             x = buf
@@ -494,7 +509,7 @@ def write_summaries(dst: Summaries, src: Summaries, start: int, heads: slice = s
     if type(dst) is not type(src):
         raise TypeError(f"cannot write {type(src).__name__} into {type(dst).__name__}")
     for f in fields(dst):
-        if f.name != "head_mean":
+        if f.name != "head_mean" and isinstance(getattr(dst, f.name), Tensor):
             getattr(dst, f.name)[:, :, start : start + src.num_pages] = getattr(src, f.name)[:, heads]
 
 
@@ -525,6 +540,8 @@ def page_scores(q: Tensor, s: Summaries, scaling: float) -> Tensor:
     elif isinstance(s, QuantizedPageSummaries):
         H, P, n, r = s.mu_int.shape[1], s.num_pages, s.page_size, s.rank
         q_mh = None
+    elif hasattr(s, "layout"):  # locks/method/layouts.py LayoutSummaries: scored on its dequantized mu^, V^, C^
+        H, P, n, r = s.mu_q.shape[1], s.num_pages, s.page_size, s.rank
     else:
         raise TypeError(f"unknown summaries type {type(s).__name__}")
     qg = group_queries(q, H)  # [B,H,G,d]
@@ -534,6 +551,11 @@ def page_scores(q: Tensor, s: Summaries, scaling: float) -> Tensor:
             u = torch.einsum("bhgd,bhpdr->bhgpr", qg, s.v[:, :, sl])
             mu_term = torch.einsum("bhgd,bhpd->bhgp", qg, s.mu[:, :, sl])
             low = torch.einsum("bhgpr,bhpnr->bhgpn", u, s.c[:, :, sl])
+        elif not isinstance(s, QuantizedPageSummaries):
+            mu_hat, v_hat, c_hat = s.dequantize(sl)
+            u = torch.einsum("bhgd,bhpdr->bhgpr", qg, v_hat)
+            mu_term = torch.einsum("bhgd,bhpd->bhgp", qg, mu_hat)
+            low = torch.einsum("bhgpr,bhpnr->bhgpn", u, c_hat)
         else:
             if q_mh is None:
                 q_mh = torch.einsum("bhgd,bhd->bhg", qg, s.head_mean)  # once per head per step
@@ -562,8 +584,8 @@ def score_bound(q: Tensor, s: Summaries, scaling: float) -> Tensor:
             u = torch.einsum("bhgd,bhpdr->bhgpr", qg, s.v[:, :, sl])
             res2 = q2 - (u * u).sum(-1)  # [B,H,G,p]
             eta[..., sl] = scaling * res2.clamp(min=0).sqrt() * s.rho[:, :, sl].unsqueeze(2)
-    elif isinstance(s, QuantizedPageSummaries):
-        qg = group_queries(q, s.mu_int.shape[1])
+    elif isinstance(s, QuantizedPageSummaries) or hasattr(s, "layout"):  # rho^ bounds the stored reconstruction
+        qg = group_queries(q, s.rho.shape[1])
         eta = scaling * torch.linalg.vector_norm(qg, dim=-1).unsqueeze(-1) * s.rho.float().unsqueeze(2)
     else:
         raise TypeError(f"unknown summaries type {type(s).__name__}")
@@ -580,8 +602,8 @@ def summary_bytes_per_page(s: Summaries) -> int:
     """
     total = 0
     for f in fields(s):
-        if f.name in ("head_mean", "sigma"):
-            continue
         t = getattr(s, f.name)
+        if f.name in ("head_mean", "sigma") or not isinstance(t, Tensor):
+            continue
         total += t.element_size() * math.prod(t.shape[3:])
     return int(total)

@@ -75,6 +75,7 @@ def test_the_memo_answers_each_expensive_key_once_and_keeps_no_copy():
     assert bool((S[:, :-1] >= S[:, 1:]).all())  # singular values in descending order, as torch.linalg.svd's
     assert ("shadowkv.svd",) not in dict(memo)  # served once, then dropped
     assert ("shadowkv.chunks", 8, 80) not in memo  # cheap parts: computed by the selector
-    assert ("locks.summaries", 16, 8, "none") not in memo  # unquantized summaries: built by the selector
+    assert ("locks.summaries", 16, 8, "none", "v4c8-head_int8-w32") not in memo  # unquantized: the selector builds
+    assert ("locks.summaries", 16, 8, "int", "v2c8-head_int8-w32") not in memo  # another layout: likewise
     with pytest.raises(ValueError, match="mode"):
         PrefillState(keys, keys, torch.Generator(), "fake")

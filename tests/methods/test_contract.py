@@ -39,6 +39,8 @@ SELECTOR_CONFIGS = [
     ("locks", {"aggregation": "max"}),
     ("locks", {"budget_mode": "paper"}),
     ("locks", {"rank": 4, "page_size": 8}),
+    ("locks", {"rank": 0}),  # centroid only
+    ("locks", {"v_bits": 2, "v_group": 32, "c_bits": 4, "mu_format": "fp16", "w_dtype": "fp16"}),  # another layout
     ("quest", {"dense_layers": 0}),
     ("quest", {"dense_layers": 0, "gqa": "group"}),
     ("quest", {"dense_layers": 0, "page_rule": "eval", "budget_mode": "paper"}),
