@@ -18,6 +18,11 @@ Verdict rules (stated in each row):
   and the smallest batch whose ceiling reaches the claim (and whether FullKV fits one H200 there).
 - certificate: its soundness rate (certificate <= measured coverage, per step, layer and query head) is 1 in every
   LOCKS run.
+- LOCKS's ablation claims (results/locks_ablation/, paper_figs/locks_ablation.py): int4 loses a few points against
+  unquantized summaries (paired Δ in [-10, 0) at p < 0.05), int2 collapses (>= 20 points below unquantized at
+  p < 0.01), the rank-8 term matters (rank 8 above centroid-only, p < 0.05), summaries cost about 10% of the page's
+  KV (bytes per page / 2 n d s within 2 points at d = 128), Theorem 1 holds for unquantized summaries (soundness
+  rate 1). A paired difference with p >= 0.05 is "not separated at n = ...", never "holds".
 - the anchors' own claims (Quest 1.74x end to end at 32K; RocketKV 3.7x decode speedup and 32.6% lower peak memory;
   ShadowKV 6x larger batch and 3.04x throughput at 122K; LOCKS "saves bandwidth, not VRAM"): the measured number
   from results/gpu/ e2e records when present; else "not measured" with the analytic value at that setting: the
@@ -353,6 +358,77 @@ def anchor_rows(results) -> list[dict]:
     return out
 
 
+SEPARATED_P = 0.05  # a paired difference with p >= this is reported as "not separated at n = ..."
+FEW_POINTS = 10  # "int4 loses a few recall points": a loss of more than 0 and at most this many points
+COLLAPSE_POINTS, COLLAPSE_P = 20, 0.01  # "int2 collapses": at least this many points below unquantized, p below this
+PAGE_KV_SHARE, PAGE_KV_TOL = 0.10, 0.02  # "about 10 % of the page's KV": within 2 points
+
+
+def ablation_rows(results) -> list[dict]:
+    """The write-up's claims about its own design, from the LOCKS ablation study (paper_figs/locks_ablation.py,
+    results/locks_ablation/): one row per claim and context; the bytes claim is analytic at d = 128 as well."""
+    from locks.core.selector import LayerInfo
+    from locks.method.selector import LocksSelector
+    from paper_figs.common import runs_in
+    from paper_figs.locks_ablation import RESULTS, compare, runs_by_cell
+
+    src = results / RESULTS
+    source = f"{rel(src)}/*.json"
+    df = runs_in(src)
+    contexts = runs_by_cell(df) if df is not None else {}
+    out = []
+
+    def paired(claim, a, b, rule, decide):
+        """One row per context: a vs b (diff = a - b); p >= SEPARATED_P is "not separated at n = ..."."""
+        rows = []
+        for context, by_cell in contexts.items():
+            c = compare(by_cell, a, b)
+            name = f"{claim} ({report.tokens_label(context)} tokens)"
+            if c is None or c["diff"] is None:
+                rows.append(_row(name, f"no paired {a} / {b} runs", "not measured", source, rule))
+                continue
+            text = f"{a} - {b}: {c['diff']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}], p={c['p']:.2g}, n={c['n']}"
+            if c["p"] >= SEPARATED_P:
+                rows.append(_row(name, f"{text}; not separated at n = {c['n']}", "not separated", source, rule))
+            else:
+                rows.append(_row(name, text, "holds" if decide(c) else "does not hold", source, rule))
+        return rows or [_row(claim, f"{source} missing", "not measured", source, rule)]
+
+    out += paired("int4 summaries lose a few recall points against unquantized ones", "default", "unquantized",
+                  f"paired Δ(int4 - unquantized) in [-{FEW_POINTS}, 0) at p < {SEPARATED_P}",
+                  lambda c: -FEW_POINTS <= c["diff"] < 0)
+    out += paired("int2 summaries collapse", "v_bits_2", "unquantized",
+                  f"paired Δ(int2 - unquantized) <= -{COLLAPSE_POINTS} points at p < {COLLAPSE_P}",
+                  lambda c: c["diff"] <= -COLLAPSE_POINTS and c["p"] < COLLAPSE_P)
+    out += paired("the rank-8 term matters", "default", "centroid",
+                  f"paired Δ(rank 8 - centroid only) > 0 at p < {SEPARATED_P}", lambda c: c["diff"] > 0)
+
+    # about 10 % of the page's KV: the layout's bytes per page over 2 n d s (n = 16 tokens, bf16)
+    rule = f"summary bytes per page / (2 * 16 * d * 2 B) within {PAGE_KV_TOL:.0%} of {PAGE_KV_SHARE:.0%}"
+    parts, ok = [], True
+    for d in (128, 64):
+        per_page = LocksSelector(LayerInfo(0, 4, 1, d, d ** -0.5), 2048).bytes_per_page
+        share = per_page / (2 * 16 * d * 2)
+        ok &= d != 128 or abs(share - PAGE_KV_SHARE) <= PAGE_KV_TOL
+        parts.append(f"d={d}: {per_page} B / {2 * 16 * d * 2} B = {100 * share:.1f}%")
+    out.append(_row("summaries cost about 10% of the page's KV", "; ".join(parts) + " (the claim's d = 128 decides)",
+                    "holds" if ok else "does not hold", "locks/method/layouts.py (the layout's stored bytes)", rule))
+
+    # Theorem 1 for unquantized summaries: the certificate never exceeds the measured coverage, at any step
+    rule = "certificate_sound = 1 (certificate <= coverage at every step, layer and query head) in every unquantized run"
+    runs = [by_cell["unquantized"] for by_cell in contexts.values() if "unquantized" in by_cell]
+    rates = [float(r["diag:certificate_sound"]) for r in runs if pd.notna(r.get("diag:certificate_sound"))]
+    if not rates:
+        out.append(_row("Theorem 1 holds for unquantized summaries", "no unquantized run logged certificate_sound",
+                        "not measured", source, rule))
+    else:
+        out.append(_row("Theorem 1 holds for unquantized summaries",
+                        f"soundness rate {min(rates):.6f} (lowest of {len(rates)} runs, "
+                        f"{sum(int(r['n']) for r in runs)} samples)", "holds" if min(rates) == 1.0 else "does not hold",
+                        source, rule))
+    return out
+
+
 def model_bytes_sum(shape: str, method: str, context: int) -> float:
     """Device bytes (K/V + state) of one sequence over every layer in the method's design."""
     from paper_figs.memory_table import model_bytes
@@ -388,7 +464,7 @@ def claims_table(results) -> pd.DataFrame:
         rows.append(_row("RULER claims (ranking, collapse, certificate)", f"{rel(src)}/*.json missing",
                          "not measured", rel(src), "README: the RULER sweep command"))
         df = None
-    rows += bytes_rows() + speedup_rows(results) + anchor_rows(results)
+    rows += bytes_rows() + speedup_rows(results) + anchor_rows(results) + ablation_rows(results)
     if df is not None:
         rows += certificate_rows(df, f"{rel(src)}/*.json")
     return pd.DataFrame(rows)

@@ -30,16 +30,21 @@ from locks.errors import ConfigError
 AGGREGATIONS = ("norm", "raw", "max")
 
 
-def aggregate_heads(scores: Tensor, group: int, mode: str, candidates: Tensor, forced_log_mass: Tensor | None = None) -> Tensor:
+def aggregate_heads(scores: Tensor, group: int, mode: str, candidates: Tensor, forced_log_mass: Tensor | None = None,
+                    log_z: Tensor | None = None) -> Tensor:
     """scores [B, Hq, P] per query head -> [B, Hkv, P] per KV head; non-candidate pages get -inf.
 
-    candidates [B, Hkv, P] bool; forced_log_mass [B, Hq] or None.
+    candidates [B, Hkv, P] bool; forced_log_mass [B, Hq] or None; log_z [B, Hq]: use it for norm / max instead of the
+    exact log Z of these scores (the one-pass variant: the previous step's log Z).
     """
     B, Hq, P = scores.shape
     s = scores.float().view(B, Hq // group, group, P).masked_fill(~candidates[:, :, None, :], float("-inf"))
     if mode == "raw":
         return torch.logsumexp(s, dim=2)
-    log_z = torch.logsumexp(s, dim=-1, keepdim=True)  # [B, Hkv, G, 1]
+    if log_z is not None:
+        log_z = log_z.float().view(B, Hq // group, group, 1)
+    else:
+        log_z = torch.logsumexp(s, dim=-1, keepdim=True)  # [B, Hkv, G, 1]
     if forced_log_mass is not None:
         log_z = torch.logaddexp(log_z, forced_log_mass.float().view(B, Hq // group, group, 1))
     normalized = s - log_z

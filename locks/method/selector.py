@@ -10,7 +10,7 @@ import functools
 
 import torch
 
-from locks.core.paging import PageSelector
+from locks.core.paging import PageSelector, aggregate_heads
 from locks.core.registry import register
 from locks.errors import ConfigError
 from locks.method.layouts import SummaryLayout
@@ -25,6 +25,9 @@ from locks.method.summaries import (
 )
 
 
+LOG_Z = ("exact", "previous")  # normalized aggregation: this step's log Z (two passes) or the previous one's (one pass)
+
+
 @register
 class LocksSelector(PageSelector):
     name = "locks"
@@ -33,7 +36,7 @@ class LocksSelector(PageSelector):
 
     def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=64, sink_pages=1,
                  aggregation="norm", quant="int", v_bits=4, v_group=0, c_bits=8, mu_format="head_int8",
-                 w_dtype="fp32"):
+                 w_dtype="fp32", log_z="exact"):
         super().__init__(info, budget, budget_mode, page_size, recent_window, sink_pages, aggregation)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < page_size:
             raise ConfigError(f"method.rank must satisfy 0 <= rank < method.page_size={page_size} (got {rank})")
@@ -48,8 +51,17 @@ class LocksSelector(PageSelector):
                               f"mu_format, w_dtype) need method.quant=int (got {self.layout.name})")
         if quant == "int":
             self.layout.check(info.head_dim, page_size)
+        if log_z not in LOG_Z:
+            raise ConfigError(f"method.log_z must be one of {LOG_Z} (got {log_z!r})")
+        if log_z == "previous" and aggregation == "raw":
+            raise ConfigError("method.log_z=previous applies to aggregation norm or max (raw has no log Z)")
+        self.log_z = log_z
+        self.prev_log_z = None  # log_z=previous: [B, Hq] the log Z of the last scoring (prefill: the last prompt query)
         self.summaries = None
         self.pages_built = 0
+
+    def prefill_queries(self) -> int | None:
+        return 1 if self.log_z == "previous" else 0  # the last prompt query gives the first step's log Z
 
     @property
     def fused_scoring(self) -> bool:
@@ -79,6 +91,14 @@ class LocksSelector(PageSelector):
         keys = ctx.keys[:, :, : self.pages_built * n]
         self.summaries = ctx.shared(("locks.summaries", n, self.rank, self.quant, self.layout.name),
                                     lambda: build_summaries(keys, n, self.rank, self.quant, layout=self.layout))
+        self.prev_log_z = None
+        if self.log_z == "previous":  # the log Z a step at the prompt's length would have had, for its last query
+            plan = self.plan(ctx.keys.shape[2])
+            B, Hkv = ctx.keys.shape[:2]
+            candidates = torch.ones(B, Hkv, plan.num_pages, dtype=torch.bool, device=ctx.keys.device)
+            candidates[:, :, sorted(plan.forced)] = False
+            query = ctx.queries[:, :, -1]
+            self.prev_log_z = self._log_z_of(self._head_scores(query, plan.num_pages), candidates)
 
     def append(self, keys, values):
         n = self.page_size
@@ -92,6 +112,39 @@ class LocksSelector(PageSelector):
     def start_static(self, capacity):
         super().start_static(capacity)
         self.summaries = preallocate_summaries(self.summaries, self.static_pages)
+        if self.log_z == "previous":
+            B, dev = self.summaries.head_mean.shape[0], self.summaries.head_mean.device
+            self.static_log_z = (torch.full((B, self.info.num_heads), float("-inf"), device=dev)
+                                 if self.prev_log_z is None else self.prev_log_z.float().clone())
+
+    def static_state(self):
+        return [self.static_log_z] if self.log_z == "previous" else []
+
+    def finish_static(self):
+        if self.log_z == "previous":
+            self.prev_log_z = self.static_log_z.clone()
+
+    # ----- log_z=previous: normalize each head by the previous scoring's log Z (docs/methods/locks.md) --------------
+
+    def _head_scores(self, query, num_pages):
+        """S [B, Hq, num_pages]: the fused scorer's per-head scores when it runs, else the reference's."""
+        if self.fused_scoring:
+            from locks.method.kernels import locks_page_scores
+
+            return locks_page_scores(query, self.summaries.kernel_tensors(), self.info.scaling)[..., :num_pages]
+        return page_scores(query, self.summaries, self.info.scaling)[..., :num_pages]
+
+    def _log_z_of(self, scores, candidates):
+        """log Z_g = logsumexp over the candidate pages of S_g -> [B, Hq] (-inf without candidates)."""
+        c = candidates.repeat_interleave(self.info.group_size, dim=1)
+        return torch.logsumexp(scores.float().masked_fill(~c, float("-inf")), dim=-1)
+
+    def _aggregate_with_previous(self, scores, candidates, previous):
+        """A with each head normalized by `previous` log Z (the exact one of these scores where there is none yet);
+        -> (A, the exact log Z of these scores, for the next step)."""
+        exact = self._log_z_of(scores, candidates)
+        used = exact if previous is None else torch.where(torch.isfinite(previous), previous, exact)
+        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates, log_z=used), exact
 
     def after_static_step(self, keys, values, length):
         self.after_static_steps([self], [keys], [values], length)
@@ -117,6 +170,12 @@ class LocksSelector(PageSelector):
                 s.pages_built = pages
 
     def static_candidate_scores(self, query, keys, length):
+        if self.log_z == "previous":
+            scores = self._head_scores(query, self.static_pages)
+            candidates = self._static_candidates(length).expand(query.shape[0], keys.shape[1], self.static_pages)
+            agg, exact = self._aggregate_with_previous(scores, candidates, self.static_log_z)
+            self.static_log_z.copy_(exact)
+            return agg, scores
         if not self.fused_scoring:
             return super().static_candidate_scores(query, keys, length)
         from locks.method.kernels import locks_aggregated_scores
@@ -130,6 +189,12 @@ class LocksSelector(PageSelector):
         # The fused Triton scorer (backend=triton) reads each quantized summary byte once and aggregates over the
         # candidate range [lo, hi): LOCKS's forced pages are a prefix (sink) and a suffix (recent pages), so lo and
         # hi are found by walking the (few) forced pages, never the page list (this runs every step in every layer).
+        if self.log_z == "previous":
+            candidates = torch.ones(keys.shape[0], keys.shape[1], num_pages, dtype=torch.bool, device=keys.device)
+            candidates[:, :, sorted(forced)] = False
+            scores = self._head_scores(query, num_pages)
+            agg, self.prev_log_z = self._aggregate_with_previous(scores, candidates, self.prev_log_z)
+            return scores, agg
         if not self.fused_scoring or forced_log_mass is not None:
             return super().scored_pages(query, keys, num_pages, forced, forced_log_mass)
         bounds = self.candidate_range(num_pages, forced)

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's log
 TINY = {**TINY_LLAMA, "hidden_size": 192, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 64,
         "num_hidden_layers": 3}  # quest keeps its first 2 layers dense
 VARIANTS = [("locks", 128, {"quant": "none", "aggregation": "max"}), ("quest", 128, {"gqa": "group"}),
-            ("locks", 128, {"v_bits": 8, "c_bits": 4, "mu_format": "page_int8"})]  # a layout the kernels do not read
+            ("locks", 128, {"v_bits": 8, "c_bits": 4, "mu_format": "page_int8"}),  # a layout the kernels do not read
+            ("locks", 128, {"log_z": "previous"})]  # state carried from step to step on the device
 
 
 def _static_error(name: str, options: dict) -> str | None:

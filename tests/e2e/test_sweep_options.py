@@ -77,3 +77,17 @@ def test_collect_runs_copies_finished_runs_by_method_and_budget(tmp_path, capsys
     assert collect_runs.main([str(tmp_path / "runs"), str(tmp_path / "out")]) == 1
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fullkv.json", "locks_b128.json"]
     assert "not finished, not copied: c" in capsys.readouterr().err
+    # --distinct: runs of one method and budget apart by context length and by the options set away from defaults
+    for name, ctx, options in (("d", 8192, {}), ("e", 2048, {}), ("f", 8192, {"v_bits": 2, "rank": 8}),
+                               ("g", 8192, {"page_size": 8, "rank": 7})):
+        run(name, "locks", 128, 2)
+        m = json.loads((tmp_path / "runs" / name / "metrics.json").read_text())
+        m["method"].update({"page_size": 16, "rank": 8, "v_bits": 4, **options})
+        m["benchmark"] = {"context_lengths": [ctx]}
+        (tmp_path / "runs" / name / "metrics.json").write_text(json.dumps(m))
+    (tmp_path / "runs" / "a").rename(tmp_path / "a")  # no context recorded: kept apart as "ctx"
+    (tmp_path / "runs" / "c").rename(tmp_path / "c")
+    assert collect_runs.main(["--distinct", str(tmp_path / "runs"), str(tmp_path / "dist")]) == 0
+    assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == [
+        "fullkv_ctx.json", "locks_b128_2048.json", "locks_b128_8192.json", "locks_b128_8192_page_size-8_rank-7.json",
+        "locks_b128_8192_v_bits-2.json"]

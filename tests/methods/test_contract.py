@@ -40,6 +40,7 @@ SELECTOR_CONFIGS = [
     ("locks", {"budget_mode": "paper"}),
     ("locks", {"rank": 4, "page_size": 8}),
     ("locks", {"rank": 0}),  # centroid only
+    ("locks", {"log_z": "previous"}),  # one-pass normalized aggregation
     ("locks", {"v_bits": 2, "v_group": 32, "c_bits": 4, "mu_format": "fp16", "w_dtype": "fp16"}),  # another layout
     ("quest", {"dense_layers": 0}),
     ("quest", {"dense_layers": 0, "gqa": "group"}),

@@ -1,0 +1,93 @@
+"""paper_figs/locks_ablation.py and the ablation verdicts of paper_figs/claims.py on fixture runs in the real
+metrics.json schema: cells found from the runs' method options, paired differences against the default layout,
+coverage against the page Oracle, and each verdict's rule (including "not separated at n = ...")."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from eval.config_schema import method_schema
+from paper_figs import claims, locks_ablation
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = json.loads((ROOT / "tests" / "fixtures" / "report" / "metrics_template.json").read_text())
+N = 60
+
+
+def run(method, options, correct, context, coverage=0.8, sound=1.0, bytes_per_page=484.0):
+    m = copy.deepcopy(TEMPLATE)
+    defaults, _ = method_schema(method)  # as a real run records them: every option of conf/method/<name>.yaml
+    m["method"] = {**{k: v for k, v in defaults.items() if v is not None}, "name": method, "budget": 128, **options}
+    m["budget"] = 128
+    m["benchmark"] = {**m["benchmark"], "context_lengths": [context]}
+    m["samples"] = {f"niah_single_2/{context}/{i}": {"task": "niah_single_2", "score": 100.0 if i < correct else 0.0}
+                    for i in range(N)}
+    m["scores"] = {"niah_single_2": 100.0 * correct / N}
+    m["average"] = m["scores"]["niah_single_2"]
+    m["num_samples"] = {"niah_single_2": N}
+    m["per_length"]["task_scores"] = {str(context): dict(m["scores"])}
+    m["coverage"] = coverage
+    m["diagnostics"] = {"certificate": 0.3, "plugin_coverage": 0.7, "certificate_sound": sound}
+    m["method_metrics"] = {"summary_bytes_per_page": bytes_per_page, "fused_scoring": 0.0}
+    return m
+
+
+def write(root: Path, unquantized_sound=1.0) -> Path:
+    d = root / "locks_ablation"
+    d.mkdir(parents=True)
+    cells = {  # name: (method, options, correct of N, coverage)
+        "fullkv": ("fullkv", {}, 57, 1.0), "oracle": ("oracle", {}, 56, 0.9),
+        "default": ("locks", {}, 50, 0.72), "unquantized": ("locks", {"quant": "none"}, 54, 0.75),
+        "centroid": ("locks", {"rank": 0}, 49, 0.6), "v_bits_2": ("locks", {"v_bits": 2}, 12, 0.4),
+    }
+    for context in (2048, 8192):
+        for name, (method, options, correct, cov) in cells.items():
+            m = run(method, options, correct, context, cov, unquantized_sound if name == "unquantized" else 1.0)
+            if method == "fullkv":
+                m["method"] = {"name": "fullkv", "budget": None}
+                m["budget"] = None
+            (d / f"{name}_{context}.json").write_text(json.dumps(m))
+    return root
+
+
+def test_the_ablation_table_from_fixture_runs(tmp_path):
+    results = write(tmp_path)
+    out = tmp_path / "out"
+    assert locks_ablation.main(["--results", str(results), "--out", str(out)]) == 0
+    table = pd.read_csv(out / "locks_ablation.csv")
+    assert set(table["context"]) == {2048, 8192} and len(table) == 12
+    row = table[(table["context"] == 8192) & (table["cell"] == "v_bits_2")].iloc[0]
+    assert row["score"] == 20.0 and row["vs_default"] == -1 * (50 - 12) * 100 / N and row["vs_default_p"] < 1e-6
+    assert abs(row["coverage_vs_oracle"] - 0.4 / 0.9) < 1e-9 and row["bytes_per_page"] == 484
+    assert table[table["cell"] == "default"]["vs_default"].isna().all()
+    assert (out / "locks_ablation.png").stat().st_size > 0
+    md = (out / "locks_ablation.md").read_text()
+    assert "### RULER niah_single_2, 8K tokens, budget 128" in md and "| v_bits_2 | 20.0 [" in md
+
+
+def test_cells_are_the_conf_files_and_runs_find_theirs():
+    cells = locks_ablation.cells()
+    assert list(cells)[:5] == ["fullkv", "oracle", "default", "unquantized", "centroid"] and len(cells) >= 17
+    assert cells["page_8"][:2] == ("locks", {"page_size": 8, "rank": 7})
+    fp = json.dumps({"rank": 7, "page_size": 8, "v_bits": 4})
+    assert locks_ablation.cell_of("locks", fp) == "page_8"
+    assert locks_ablation.cell_of("locks", json.dumps({"rank": 7})) is None  # rank 7 at page 16: no cell
+    assert locks_ablation.cell_of("quest", "{}") is None
+
+
+def test_ablation_verdicts(tmp_path):
+    rows = {r["claim"]: r for r in claims.ablation_rows(write(tmp_path))}
+    int4 = rows["int4 summaries lose a few recall points against unquantized ones (8K tokens)"]
+    assert int4["verdict"] == "not separated" and "not separated at n = 60" in int4["measured"]  # 50 vs 54 of 60
+    assert rows["int2 summaries collapse (2K tokens)"]["verdict"] == "holds"  # 12 vs 54: -70 points
+    assert rows["the rank-8 term matters (8K tokens)"]["verdict"] == "not separated"  # 50 vs 49
+    assert rows["summaries cost about 10% of the page's KV"]["verdict"] == "holds"
+    assert "d=128: 804 B / 8192 B = 9.8%" in rows["summaries cost about 10% of the page's KV"]["measured"]
+    assert rows["Theorem 1 holds for unquantized summaries"]["verdict"] == "holds"
+    broken = {r["claim"]: r for r in claims.ablation_rows(write(tmp_path / "b", unquantized_sound=0.999))}
+    assert broken["Theorem 1 holds for unquantized summaries"]["verdict"] == "does not hold"
+    missing = {r["claim"]: r for r in claims.ablation_rows(tmp_path / "none")}
+    assert missing["int2 summaries collapse"]["verdict"] == "not measured"
