@@ -203,9 +203,7 @@ class ShadowKVSelector(Selector):
         s, d, H = info.kv_element_bytes, info.head_dim, info.num_kv_heads
         chunks, window, outliers = self._layout(length)
         r = min(self.rank, H * d, length)
-        room = self.budget - C * outliers
-        n_sel = min(self.budget // C if self.budget_mode == "paper" else max(room - window - 1, 0) // C,
-                    chunks - outliers)  # _plan(1): the first decode step's selection, the largest
+        n_sel = self._plan_for(length, window, outliers, chunks - outliers, 1)[1]  # the first step's, the largest
         values = chunks * C * d * s * H
         kv = (window + C * outliers + C * n_sel) * info.token_kv_bytes
         state = (length * r + H * r * d + H * (chunks - outliers) * d) * s
@@ -221,13 +219,18 @@ class ShadowKVSelector(Selector):
 
     def _plan(self, generated: int) -> tuple[int, int]:
         """-> (first token of the exact local+generated tail, n_sel) for a step with `generated` tokens after Lp."""
-        C, W, ncand = self.chunk_size, self.window, self.candidates.shape[-1]
-        start = self.prompt_len - W
+        return self._plan_for(self.prompt_len, self.window, self.outliers, self.candidates.shape[-1], generated)
+
+    def _plan_for(self, prompt_len: int, W: int, outliers: int, ncand: int, generated: int) -> tuple[int, int]:
+        """`_plan` of a prompt of `prompt_len` tokens with local window W, `outliers` outlier chunks and `ncand`
+        candidate chunks (also what memory_bytes sizes the buffer by, before any prefill)."""
+        C = self.chunk_size
+        start = prompt_len - W
         if self.budget_mode == "paper":
             return start, min(self.budget // C, ncand)
-        room = self.budget - C * self.outliers
+        room = self.budget - C * outliers
         if W + generated > room:  # keep only the most recent `room` tokens of the tail
-            return self.prompt_len + generated - room, 0
+            return prompt_len + generated - room, 0
         return start, min((room - W - generated) // C, ncand)
 
     def _ranked(self, query: Tensor, n: int) -> Tensor:

@@ -90,7 +90,7 @@ from bench.inputs import (
 )
 from bench.records import Recorder, out_path
 from bench.shapes import ATTENTION, ATTENTION_DRY
-from bench.timing import Timer, h2d_bandwidth
+from bench.timing import Timer, h2d_bandwidth, step_peak_bytes
 from locks.core.paging import pages_to_tokens
 from locks.core.reference import sparse_decode as ref_sparse_decode
 from locks.core.selector import LayerInfo, Selection
@@ -433,10 +433,10 @@ def selector_step_bytes(selector, sel: Selection, L: int) -> tuple[float, float,
     info = selector.info
     if sel.dense:
         return float(L * info.token_kv_bytes), 0.0, float(L)
-    C = int(sel.indices.shape[-1]) if sel.pages is None else 0
-    length = torch.tensor([L], device=(sel.indices if sel.pages is None else sel.pages).device)
-    counted = float((attended_per_kv_head(sel, max(L, 1)) if sel.pages is None else
-                     paged_attended(sel, length, L)).mean()) if C or sel.pages is not None else 0.0
+    if sel.pages is None:
+        counted = float(attended_per_kv_head(sel, L).mean())
+    else:
+        counted = float(paged_attended(sel, torch.tensor([L], device=sel.pages.device), L).mean())
     if selector.static_decode_error() is not None:  # an eager selection (the token Oracle)
         kv = sel.kv_bytes if sel.kv_bytes is not None else counted * info.token_kv_bytes
         return float(sel.metadata_bytes + kv), float(sel.h2d_bytes), counted
@@ -582,18 +582,6 @@ def time_all(args, rec, timer, case: Case, steps: Steps, table: dict, bytes_tabl
             r["topk_shape"] = [case.B, case.H, case.P]
             r["k"] = steps.kp
         rec.emit(r)
-
-
-def step_peak_bytes(fn, device) -> int | None:
-    """CUDA: the most memory one run of a step allocates above what was allocated before it (None off CUDA)."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
 
 
 def tune(args, rec, timer, case: Case, steps: Steps) -> None:

@@ -67,7 +67,7 @@ from bench.inputs import rel_err
 from bench.prefill_state import prefill_selector
 from bench.records import Recorder, out_path
 from bench.shapes import MODELS, MODELS_DRY
-from bench.timing import h2d_bandwidth
+from bench.timing import h2d_bandwidth, step_peak_bytes
 
 # method -> (registry name, backend): FullKV twice, through our split-K kernel over the valid length and through
 # PyTorch's SDPA with a length mask (whichever backend PyTorch picks); speedups are against the faster of the two
@@ -268,12 +268,7 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         with cache.static_counters_kept():
             graph = time_ms(replay, device, args.reps)
             if cuda:  # one replay's transient memory above what the run holds
-                sync(device)
-                before = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
-                replay()
-                sync(device)
-                memory["step_peak_bytes"] = torch.cuda.max_memory_allocated() - before
+                memory["step_peak_bytes"] = step_peak_bytes(replay, device)
             if args.profile_reps > 0:
                 profile_step(args, rec, base, replay, device)
     stats = cache.stats.summary()  # per row: the weights are read once per step, the K/V and metadata per row

@@ -99,3 +99,15 @@ def h2d_bandwidth(device: torch.device, nbytes: int | None = None, reps: int = 5
         end.synchronize()
         ms.append(start.elapsed_time(end))
     return nbytes / (statistics.median(ms) * 1e-3)
+
+
+def step_peak_bytes(fn, device: torch.device) -> int | None:
+    """CUDA: the most memory one run of a step allocates above what was allocated before it (None off CUDA)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before

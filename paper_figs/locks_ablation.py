@@ -24,6 +24,7 @@ import sys
 import pandas as pd
 
 from eval import report
+from eval.report.statistics import sample_scores
 from eval.stats import paired_comparison
 from paper_figs.common import ROOT, missing, parse_args, rel, runs_in
 
@@ -67,11 +68,6 @@ def cell_of(method: str, config: str) -> str | None:
     return None
 
 
-def _scores(row):
-    samples = row["samples"] if isinstance(row["samples"], dict) else {}
-    return {k: v["score"] for k, v in samples.items()}, {k: v["task"] for k, v in samples.items()}
-
-
 def runs_by_cell(df: pd.DataFrame) -> dict[int, dict[str, pd.Series]]:
     """context length -> cell -> its run (report.load_runs rows of the conf/locks_ablation/ cells)."""
     df = df.assign(cell=[cell_of(m, c) for m, c in zip(df["method"], df["config"])])
@@ -84,9 +80,10 @@ def compare(by_cell: dict, a: str, b: str) -> dict | None:
     """Paired comparison of cell a against cell b on their common samples (diff = a - b, lo, hi, p, n), or None."""
     if a not in by_cell or b not in by_cell:
         return None
-    (sa, ta), (sb, tb) = _scores(by_cell[a]), _scores(by_cell[b])
-    if not sa or not sb:
+    a_scores, b_scores = sample_scores(by_cell[a]), sample_scores(by_cell[b])
+    if a_scores is None or b_scores is None:
         return None
+    (sa, ta), (sb, tb) = a_scores, b_scores
     return paired_comparison(sa, sb, {**tb, **ta})
 
 
@@ -99,8 +96,8 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
         oracle = by_cell.get("oracle")
         for cell in [c for c in cells() if c in by_cell]:
             r = by_cell[cell]
-            scores, tasks = _scores(r)
-            mean, lo, hi = bootstrap_ci(scores, tasks) if scores else (float(r["average"]), None, None)
+            per_sample = sample_scores(r)
+            mean, lo, hi = bootstrap_ci(*per_sample) if per_sample else (float(r["average"]), None, None)
             vs = (compare(by_cell, cell, "default") or {}) if cell != "default" else {}
             cov = r.get("coverage")
             rows.append({

@@ -17,7 +17,7 @@ STATS_NOTE = ("mean = suite average (mean over tasks of the task means) with its
               "(union over its query heads); MB/step = metadata + K/V bytes over all layers per decode step.")
 
 
-def _scores(row) -> tuple[dict, dict] | None:
+def sample_scores(row) -> tuple[dict, dict] | None:
     samples = row.get("samples")
     if not isinstance(samples, dict) or not samples:
         return None
@@ -29,7 +29,7 @@ def with_intervals(unit: pd.DataFrame) -> pd.DataFrame:
     unit = unit.copy()
     lo, hi = [], []
     for _, r in unit.iterrows():
-        s = _scores(r)
+        s = sample_scores(r)
         _, a, b = bootstrap_ci(*s) if s else (None, float("nan"), float("nan"))
         lo.append(a)
         hi.append(b)
@@ -38,7 +38,7 @@ def with_intervals(unit: pd.DataFrame) -> pd.DataFrame:
 
 
 def _compare(row, ref) -> dict:
-    a, b = _scores(row), _scores(ref) if ref is not None else None
+    a, b = sample_scores(row), sample_scores(ref) if ref is not None else None
     if a is None or b is None:
         return {"diff": None, "lo": None, "hi": None, "p": None, "n": None}
     return paired_comparison(a[0], b[0], {**b[1], **a[1]})
