@@ -137,6 +137,17 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def compact_markdown(table: pd.DataFrame, context: int) -> str:
+    """The README's copy at one context: cell, bytes per page, score [95% CI], paired difference from the default."""
+    lines = ["| cell | B/page | score [95% CI] | Δ vs default, p |", "|---|---|---|---|"]
+    for r in table[table["context"] == context].itertuples():
+        score = f"{r.score:.0f}" + ("" if r.ci_lo is None or pd.isna(r.ci_lo) else f" [{r.ci_lo:.0f}, {r.ci_hi:.0f}]")
+        delta = "" if r.vs_default is None or pd.isna(r.vs_default) else f"{r.vs_default:+.0f}, p={r.vs_default_p:.2g}"
+        per_page = "" if r.bytes_per_page is None or pd.isna(r.bytes_per_page) else f"{r.bytes_per_page:.0f}"
+        lines.append(f"| {r.cell} | {per_page} | {score} | {delta} |")
+    return "\n".join(lines)
+
+
 def figure(table: pd.DataFrame):
     """Score (95% interval) against summary bytes per page, one panel per context, every LOCKS cell labelled."""
     import matplotlib.pyplot as plt

@@ -392,9 +392,10 @@ def test_make_all_on_committed_results(tmp_path):
             "LRQK"} <= set(piv.index) and {"64", "128", "256", "512", "n"} <= set(piv.columns)
     claims = pd.read_csv(out / "claims.csv")
     on_gpu = claims["claim"].str.contains("speedup") | claims["source"].str.contains("no GPU record")
-    ablation = claims["source"].str.contains("locks_ablation")  # the LOCKS ablation study: not committed yet
-    unmeasured = claims[(claims["verdict"] == "not measured") & ~on_gpu & ~ablation]
+    unmeasured = claims[(claims["verdict"] == "not measured") & ~on_gpu]
     assert list(unmeasured["claim"]) == ["LRQK collapses at budget 64"]  # its lite tokens fill that budget: no run
+    ablation = claims[claims["source"].str.contains("locks_ablation")]  # int4, int2, rank 8, Theorem 1 at 8K
+    assert len(ablation) >= 4 and (ablation["verdict"] != "not measured").all()
     assert on_gpu.sum() >= 7  # LOCKS at 128K / 256K / 1M and the anchors' four speed and memory claims
     assert (out / "memory.md").read_text().count("\n| ") >= 24  # the device-memory table needs no results
     for script in ("infinitebench_table", "longbench_curve", "latency_speedup", "bytes_per_step", "e2e_decode"):
