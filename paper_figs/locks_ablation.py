@@ -113,10 +113,16 @@ def ablation_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def markdown(table: pd.DataFrame) -> str:
-    def num(v, fmt):
-        return "" if v is None or pd.isna(v) else fmt.format(v)
+def absent(v) -> bool:
+    """The table has no value here (None, or NaN once read back from its CSV)."""
+    return v is None or pd.isna(v)
 
+
+def num(v, fmt: str) -> str:
+    return "" if absent(v) else fmt.format(v)
+
+
+def markdown(table: pd.DataFrame) -> str:
     lines = []
     for context, g in table.groupby("context", sort=False):
         lines += [f"### RULER niah_single_2, {report.tokens_label(context)} tokens, budget 128", "",
@@ -141,10 +147,9 @@ def compact_markdown(table: pd.DataFrame, context: int) -> str:
     """The README's copy at one context: cell, bytes per page, score [95% CI], paired difference from the default."""
     lines = ["| cell | B/page | score [95% CI] | Δ vs default, p |", "|---|---|---|---|"]
     for r in table[table["context"] == context].itertuples():
-        score = f"{r.score:.0f}" + ("" if r.ci_lo is None or pd.isna(r.ci_lo) else f" [{r.ci_lo:.0f}, {r.ci_hi:.0f}]")
-        delta = "" if r.vs_default is None or pd.isna(r.vs_default) else f"{r.vs_default:+.0f}, p={r.vs_default_p:.2g}"
-        per_page = "" if r.bytes_per_page is None or pd.isna(r.bytes_per_page) else f"{r.bytes_per_page:.0f}"
-        lines.append(f"| {r.cell} | {per_page} | {score} | {delta} |")
+        score = f"{r.score:.0f}" + ("" if absent(r.ci_lo) else f" [{r.ci_lo:.0f}, {r.ci_hi:.0f}]")
+        delta = "" if absent(r.vs_default) else f"{r.vs_default:+.0f}, p={r.vs_default_p:.2g}"
+        lines.append(f"| {r.cell} | {num(r.bytes_per_page, '{:.0f}')} | {score} | {delta} |")
     return "\n".join(lines)
 
 
