@@ -124,7 +124,8 @@ def num(v, fmt: str) -> str:
 
 def markdown(table: pd.DataFrame) -> str:
     lines = []
-    for context, g in table.groupby("context", sort=False):
+    for context in sorted(table["context"].unique(), reverse=True):  # the study's main length first
+        g = table[table["context"] == context]
         lines += [f"### RULER niah_single_2, {report.tokens_label(context)} tokens, budget 128", "",
                   "| cell | score [95% CI] | Δ vs default [95% CI], p | coverage (vs page Oracle) | certificate "
                   "(sound) | B/page | MB/step |", "|---|---|---|---|---|---|---|"]
@@ -143,13 +144,25 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def compact_markdown(table: pd.DataFrame, context: int) -> str:
-    """The README's copy at one context: cell, bytes per page, score [95% CI], paired difference from the default."""
-    lines = ["| cell | B/page | score [95% CI] | Δ vs default, p |", "|---|---|---|---|"]
-    for r in table[table["context"] == context].itertuples():
-        score = f"{r.score:.0f}" + ("" if absent(r.ci_lo) else f" [{r.ci_lo:.0f}, {r.ci_hi:.0f}]")
-        delta = "" if absent(r.vs_default) else f"{r.vs_default:+.0f}, p={r.vs_default_p:.2g}"
-        lines.append(f"| {r.cell} | {num(r.bytes_per_page, '{:.0f}')} | {score} | {delta} |")
+def compact_markdown(table: pd.DataFrame, contexts: tuple[int, ...] = (8192, 2048)) -> str:
+    """The README's copy: per cell its bytes per page, then at each context (longest first) the score [95% CI] and
+    the paired difference from the default; a context the table lacks is left out."""
+    contexts = [c for c in contexts if (table["context"] == c).any()]
+    head = "| cell | B/page |" + "".join(f" {report.tokens_label(c)}: score [95% CI] | Δ vs default, p |"
+                                         for c in contexts)
+    lines = [head, "|---|---|" + "---|---|" * len(contexts)]
+    rows = {c: {r.cell: r for r in table[table["context"] == c].itertuples()} for c in contexts}
+    for cell in dict.fromkeys(r.cell for c in contexts for r in rows[c].values()):
+        line = f"| {cell} | {num(next(rows[c][cell] for c in contexts if cell in rows[c]).bytes_per_page, '{:.0f}')} |"
+        for c in contexts:
+            r = rows[c].get(cell)
+            if r is None:
+                line += "  |  |"
+                continue
+            score = f"{r.score:.0f}" + ("" if absent(r.ci_lo) else f" [{r.ci_lo:.0f}, {r.ci_hi:.0f}]")
+            delta = "" if absent(r.vs_default) else f"{r.vs_default:+.0f}, p={r.vs_default_p:.2g}"
+            line += f" {score} | {delta} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -157,7 +170,7 @@ def figure(table: pd.DataFrame):
     """Score (95% interval) against summary bytes per page, one panel per context, every LOCKS cell labelled."""
     import matplotlib.pyplot as plt
 
-    contexts = sorted(table["context"].unique())
+    contexts = sorted(table["context"].unique(), reverse=True)  # the longest, the study's main length, first
     fig, axes = plt.subplots(1, len(contexts), figsize=(6 * len(contexts), 4.5), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         g = table[(table["context"] == context) & table["bytes_per_page"].notna()]

@@ -66,9 +66,12 @@ def test_the_ablation_table_from_fixture_runs(tmp_path):
     assert (out / "locks_ablation.png").stat().st_size > 0
     md = (out / "locks_ablation.md").read_text()
     assert "### RULER niah_single_2, 8K tokens, budget 128" in md and "| v_bits_2 | 20.0 [" in md
-    compact = locks_ablation.compact_markdown(table, 8192).splitlines()
+    compact = locks_ablation.compact_markdown(table).splitlines()
+    assert compact[0].startswith("| cell | B/page | 8K: score [95% CI] | Δ vs default, p | 2K: score")
     assert len(compact) == 2 + 6 and compact[2].startswith("| fullkv | 484 | 95 [88, 100] | +12, p=")
-    assert compact[-1].startswith("| v_bits_2 | 484 | 20 [") and compact[-1].endswith(f"| -63, p={row['vs_default_p']:.2g} |")
+    assert compact[-1].startswith("| v_bits_2 | 484 | 20 [") and f"| -63, p={row['vs_default_p']:.2g} | 20 [" in compact[-1]
+    only_8k = locks_ablation.compact_markdown(table, (8192, 4096)).splitlines()  # a context without runs is left out
+    assert only_8k[0].count("score") == 1 and only_8k[-1].endswith(f"| -63, p={row['vs_default_p']:.2g} |")
 
 
 def test_cells_are_the_conf_files_and_runs_find_theirs():
@@ -96,11 +99,11 @@ def test_ablation_verdicts(tmp_path):
     assert missing["int2 summaries collapse"]["verdict"] == "not measured"
 
 
-def test_the_readme_shows_the_8k_table_the_script_writes():
-    """README.md's ablation table is compact_markdown of the committed results/locks_ablation/ at 8K tokens."""
+def test_the_readme_shows_the_table_the_script_writes():
+    """README.md's ablation table is compact_markdown of the committed results/locks_ablation/ at 8K and 2K tokens."""
     df = locks_ablation.runs_in(ROOT / "results" / locks_ablation.RESULTS)
     assert df is not None, "results/locks_ablation/ is committed"
-    table = locks_ablation.compact_markdown(locks_ablation.ablation_table(df), 8192)
-    assert table.count("\n") == 1 + len(locks_ablation.cells())  # every cell at 8K
+    table = locks_ablation.compact_markdown(locks_ablation.ablation_table(df))
+    assert table.count("\n") == 1 + len(locks_ablation.cells()) and table.count("score") == 2  # every cell, both
     assert table in (ROOT / "README.md").read_text()
     assert "paper_figs/out/locks_ablation.png" in (ROOT / "README.md").read_text()
