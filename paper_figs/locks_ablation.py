@@ -122,46 +122,49 @@ def num(v, fmt: str) -> str:
     return "" if absent(v) else fmt.format(v)
 
 
+def score_ci(r, digits: int) -> str:
+    """A row's score with its 95% interval, e.g. "62.0 [48.0, 74.0]" (no interval: the score alone)."""
+    return f"{r.score:.{digits}f}" + ("" if absent(r.ci_lo) else f" [{r.ci_lo:.{digits}f}, {r.ci_hi:.{digits}f}]")
+
+
+def longest_first(table: pd.DataFrame) -> list[int]:
+    """The table's context lengths, the study's main (longest) one first."""
+    return sorted(table["context"].unique(), reverse=True)
+
+
 def markdown(table: pd.DataFrame) -> str:
     lines = []
-    for context in sorted(table["context"].unique(), reverse=True):  # the study's main length first
+    for context in longest_first(table):
         g = table[table["context"] == context]
         lines += [f"### RULER niah_single_2, {report.tokens_label(context)} tokens, budget 128", "",
                   "| cell | score [95% CI] | Δ vs default [95% CI], p | coverage (vs page Oracle) | certificate "
                   "(sound) | B/page | MB/step |", "|---|---|---|---|---|---|---|"]
         for r in g.itertuples():
-            score = f"{r.score:.1f}" + (f" [{r.ci_lo:.1f}, {r.ci_hi:.1f}]" if r.ci_lo is not None
-                                        and not pd.isna(r.ci_lo) else "")
-            delta = ("" if r.vs_default is None or pd.isna(r.vs_default) else
+            delta = ("" if absent(r.vs_default) else
                      f"{r.vs_default:+.1f} [{r.vs_default_lo:+.1f}, {r.vs_default_hi:+.1f}], p={r.vs_default_p:.2g}")
-            cov = num(r.coverage, "{:.3f}") + (f" ({r.coverage_vs_oracle:.3f})" if r.coverage_vs_oracle is not None
-                                               and not pd.isna(r.coverage_vs_oracle) else "")
-            cert = num(r.certificate, "{:.3f}") + (f" ({r.certificate_sound:.4f})" if r.certificate_sound is not None
-                                                   and not pd.isna(r.certificate_sound) else "")
-            lines.append(f"| {r.cell} | {score} | {delta} | {cov} | {cert} | {num(r.bytes_per_page, '{:.0f}')} | "
-                         f"{num(r.mb_per_step, '{:.2f}')} |")
+            cov = num(r.coverage, "{:.3f}") + num(r.coverage_vs_oracle, " ({:.3f})")
+            cert = num(r.certificate, "{:.3f}") + num(r.certificate_sound, " ({:.4f})")
+            lines.append(f"| {r.cell} | {score_ci(r, 1)} | {delta} | {cov} | {cert} | "
+                         f"{num(r.bytes_per_page, '{:.0f}')} | {num(r.mb_per_step, '{:.2f}')} |")
         lines.append("")
     return "\n".join(lines)
 
 
-def compact_markdown(table: pd.DataFrame, contexts: tuple[int, ...] = (8192, 2048)) -> str:
-    """The README's copy: per cell its bytes per page, then at each context (longest first) the score [95% CI] and
-    the paired difference from the default; a context the table lacks is left out."""
-    contexts = [c for c in contexts if (table["context"] == c).any()]
+def compact_markdown(table: pd.DataFrame, contexts=None) -> str:
+    """The README's copy: per cell its bytes per page, then at each context (default: all, longest first) the score
+    [95% CI] and the paired difference from the default; a context the table lacks is left out."""
+    contexts = [c for c in (contexts or longest_first(table)) if (table["context"] == c).any()]
     head = "| cell | B/page |" + "".join(f" {report.tokens_label(c)}: score [95% CI] | Δ vs default, p |"
                                          for c in contexts)
     lines = [head, "|---|---|" + "---|---|" * len(contexts)]
     rows = {c: {r.cell: r for r in table[table["context"] == c].itertuples()} for c in contexts}
-    for cell in dict.fromkeys(r.cell for c in contexts for r in rows[c].values()):
-        line = f"| {cell} | {num(next(rows[c][cell] for c in contexts if cell in rows[c]).bytes_per_page, '{:.0f}')} |"
+    for cell in dict.fromkeys(cell for c in contexts for cell in rows[c]):
+        page_bytes = next(rows[c][cell].bytes_per_page for c in contexts if cell in rows[c])  # the layout's, any length
+        line = f"| {cell} | {num(page_bytes, '{:.0f}')} |"
         for c in contexts:
             r = rows[c].get(cell)
-            if r is None:
-                line += "  |  |"
-                continue
-            score = f"{r.score:.0f}" + ("" if absent(r.ci_lo) else f" [{r.ci_lo:.0f}, {r.ci_hi:.0f}]")
-            delta = "" if absent(r.vs_default) else f"{r.vs_default:+.0f}, p={r.vs_default_p:.2g}"
-            line += f" {score} | {delta} |"
+            delta = "" if r is None or absent(r.vs_default) else f"{r.vs_default:+.0f}, p={r.vs_default_p:.2g}"
+            line += f" {'' if r is None else score_ci(r, 0)} | {delta} |"
         lines.append(line)
     return "\n".join(lines)
 
@@ -170,7 +173,7 @@ def figure(table: pd.DataFrame):
     """Score (95% interval) against summary bytes per page, one panel per context, every LOCKS cell labelled."""
     import matplotlib.pyplot as plt
 
-    contexts = sorted(table["context"].unique(), reverse=True)  # the longest, the study's main length, first
+    contexts = longest_first(table)
     fig, axes = plt.subplots(1, len(contexts), figsize=(6 * len(contexts), 4.5), squeeze=False)
     for ax, context in zip(axes[0], contexts):
         g = table[(table["context"] == context) & table["bytes_per_page"].notna()]

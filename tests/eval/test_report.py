@@ -394,7 +394,7 @@ def test_make_all_on_committed_results(tmp_path):
     on_gpu = claims["claim"].str.contains("speedup") | claims["source"].str.contains("no GPU record")
     unmeasured = claims[(claims["verdict"] == "not measured") & ~on_gpu]
     assert list(unmeasured["claim"]) == ["LRQK collapses at budget 64"]  # its lite tokens fill that budget: no run
-    ablation = claims[claims["source"].str.contains("locks_ablation")]  # int4, int2, rank 8, Theorem 1 at 8K
+    ablation = claims[claims["source"].str.contains("locks_ablation")]  # int4, int2, rank 8, Theorem 1 at 8K and 2K
     assert len(ablation) >= 4 and (ablation["verdict"] != "not measured").all()
     assert on_gpu.sum() >= 7  # LOCKS at 128K / 256K / 1M and the anchors' four speed and memory claims
     assert (out / "memory.md").read_text().count("\n| ") >= 24  # the device-memory table needs no results
