@@ -43,7 +43,7 @@ install: $(STAMP) $(TRITON36) ## create .venv and install the project, torch (CP
 run: install ## the default job: LOCKS at 128 tokens on the embedded model, RULER niah_single_2 @2048
 	$(PY) run.py method=locks budget=128
 
-test: install ## the test suite on CPU (about 35 min on 2 cores; pytest -m "not slow" skips the model)
+test: install ## the test suite on CPU (about 45 min on 2 cores; pytest -m "not slow" skips the model)
 	$(PY) -m pytest -q --durations=20
 
 bench: install ## the LOCKS summary-build benchmark -> results/bench_summaries.json
