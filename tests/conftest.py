@@ -8,21 +8,79 @@ if not torch.cuda.is_available():  # CPU: kernels run under the Triton interpret
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# one torch thread per pytest-xdist worker (`make test` runs two), else up to two
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 import pytest  # noqa: E402
 
 from tests.helpers import WhitespaceTokenizer  # noqa: E402
 
 
+MODEL_FIXTURES = {"shared_models", "embedded", "default_suite"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest-xdist groups (`make test`: `-n 2 --dist loadgroup`): the tests that load the embedded model share one
+    worker, where it loads once; every other test stays with the rest of its module, whose module-scoped fixtures
+    (random models, reference decodes, separate runs) are then built once."""
+    for item in items:
+        models = MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("models" if models else item.nodeid.split("::")[0]))
+
+
 @pytest.fixture(scope="session")
-def embedded():
-    """The embedded SmolLM2-135M-Instruct (GGUF), loaded once per session with the sparse_kv attention."""
+def session_loads():
+    """Models and tokenizers loaded once per session, keyed by their `model` config group: what `load_model` and
+    `load_tokenizer` return for that config, the first time through the real loaders."""
+    return {}
+
+
+@pytest.fixture
+def shared_models(session_loads, monkeypatch):
+    """In-process runs (run.run, eval.runner) load each model config once per session: load_model / load_tokenizer
+    answer from `session_loads`, and hand the model back with the harness's attention set, whatever a test did to
+    it before."""
+    import json
+
     from omegaconf import OmegaConf
 
-    from locks.core.models import load_model
+    from locks.core import models
+    from locks.core.attention import register_attention
 
-    return load_model(OmegaConf.create({"name": "smollm2_135m", "source": "gguf_package"}))
+    real_model, real_tokenizer = models.load_model, models.load_tokenizer
+
+    def key(kind, cfg):
+        plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+        return kind, json.dumps(plain, sort_keys=True, default=str)
+
+    def load_tokenizer(cfg):
+        k = key("tokenizer", cfg)
+        if k not in session_loads:
+            session_loads[k] = real_tokenizer(cfg)
+        return session_loads[k]
+
+    def load_model(cfg, tokenizer=None):
+        k = key("model", cfg)
+        if k not in session_loads:
+            session_loads[k] = real_model(cfg, tokenizer)
+        loaded = session_loads[k]
+        loaded.model.set_attn_implementation(register_attention())
+        return loaded
+
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(models, "load_tokenizer", load_tokenizer)
+    return load_model
+
+
+@pytest.fixture
+def embedded(shared_models):
+    """The embedded SmolLM2-135M-Instruct (GGUF, conf/model/smollm2_135m.yaml), loaded once per session with the
+    sparse_kv attention: the model every embedded-model test and in-process run shares."""
+    from omegaconf import OmegaConf
+
+    from run import CONF
+
+    return shared_models(OmegaConf.load(CONF / "model" / "smollm2_135m.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +97,19 @@ def tok():
 @pytest.fixture(scope="module")
 def ws():
     return WhitespaceTokenizer()
+
+
+@pytest.fixture
+def default_suite(shared_models, session_loads, tmp_path_factory):
+    """default_suite(num_samples, budget=128) -> tests.helpers.default_suite's (config, loaded model, samples,
+    prefill captures, method by name), built once per session for each (num_samples, budget): the embedded model
+    and the prompts' prefill captures are shared by every test that decodes the default suite."""
+    from tests.helpers import default_suite as build
+
+    def suite(num_samples: int, budget: int = 128):
+        key = ("default_suite", num_samples, budget)
+        if key not in session_loads:
+            session_loads[key] = build(tmp_path_factory.mktemp("default_suite"), num_samples, budget)
+        return session_loads[key]
+
+    return suite

@@ -3,6 +3,7 @@ greedy decoding through the harness, a whitespace tokenizer stub, synthetic K/V 
 tests, and tolerances for the kernel tests."""
 
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -326,3 +327,23 @@ def default_suite(runs_dir, num_samples: int, budget: int = 128):
         return method_spec(options)
 
     return config, loaded, samples, captures, method
+
+
+class JobResult(NamedTuple):
+    """What a run.py job leaves: its exit code and what it printed (CompletedProcess's field names)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_inprocess(args: list[str], runs_dir, capsys) -> JobResult:
+    """`python run.py paths.runs_dir=<runs_dir> <args>` in this process (run.run on run.compose_config): the same
+    job, exit code and printed lines, without the interpreter start and the imports. Use it with the
+    `shared_models` fixture so that the models load once per session."""
+    from run import compose_config, run
+
+    capsys.readouterr()
+    rc = run(compose_config([f"paths.runs_dir={runs_dir}", *args]))
+    out = capsys.readouterr()
+    return JobResult(rc, out.out, out.err)

@@ -28,6 +28,7 @@ import json
 import re
 from pathlib import Path
 
+from eval.decode_cap import capped, read_decode_cap
 from eval.infinitebench import scoring
 from eval.infinitebench.data import load_task
 
@@ -143,6 +144,7 @@ class InfiniteBench:
         if self.scorer not in scoring.SCORER_VARIANTS:
             raise ConfigError(f"benchmark.scorer must be one of {list(scoring.SCORER_VARIANTS)} (got {self.scorer!r})")
         self.data_dir = cfg.get("data_dir")
+        self.decode_cap = read_decode_cap(cfg)
         self.budgets: dict[str, dict] = {}
         self._records: dict[str, list[dict]] = {}
 
@@ -222,7 +224,7 @@ class InfiniteBench:
             records = self.records(task)
             if self.num_samples is not None:
                 records = records[: self.num_samples]
-            out += [self.build_sample(rec, task, i, tokenizer) for i, rec in enumerate(records)]
+            out += [capped(self.build_sample(rec, task, i, tokenizer), self.decode_cap) for i, rec in enumerate(records)]
         return out
 
     def label(self, sample: dict):
@@ -267,6 +269,7 @@ class InfiniteBench:
             "max_length": self.max_length,
             "context_length": self.context_length,
             "max_new_tokens": {t: b["max_new_tokens"] for t, b in budgets.items()},
+            "decode_cap": self.decode_cap,
             "template": self.template,
             "template_family": self.family,
             "chat_template": self.family == "gpt4",

@@ -16,6 +16,7 @@ import importlib.metadata
 import math
 from pathlib import Path
 
+from eval.decode_cap import capped, read_decode_cap
 from eval.longbench import metrics
 from eval.longbench.data import HF_DATASET_ID, config_name, load_task
 
@@ -96,6 +97,7 @@ class LongBench:
                                 f"(got {cfg.get('chat_template')!r})")
         self.chat_template = bool(cfg.get("chat_template", True))
         self.data_dir = cfg.get("data_dir")
+        self.decode_cap = read_decode_cap(cfg)
         self._records: dict[str, list[dict]] = {}
 
     def check_inputs(self) -> None:
@@ -172,7 +174,7 @@ class LongBench:
             records = self.records(task)
             if self.num_samples is not None:
                 records = records[: self.num_samples]
-            out += [self.build_sample(task, i, rec, tokenizer) for i, rec in enumerate(records)]
+            out += [capped(self.build_sample(task, i, rec, tokenizer), self.decode_cap) for i, rec in enumerate(records)]
         return out
 
     # ------------------------------------------------------------------ scoring
@@ -250,6 +252,7 @@ class LongBench:
             "chat_template_excluded_tasks": list(NO_CHAT_TASKS),
             "answer_prefix": "n/a",
             "decoding": "greedy; per-task max_new_tokens (dataset2maxlen); samsum stops on newline",
+            "decode_cap": self.decode_cap,
             "scorer_variant": "official LongBench eval.py: classification_score loop-mutation quirk kept; "
                               "ROUGE-L f via pltrdy rouge (not rouge_score); first-line rule for "
                               + ", ".join(metrics.FIRST_LINE_TASKS),

@@ -72,19 +72,29 @@ def _load_gguf(cfg, dtype: torch.dtype, attn: str, tokenizer=None):
     """The embedded GGUF model. Dequantizing it takes most of a run's start-up (about 17 s of 22 on 2 CPU cores),
     so the dequantized weights and the tokenizer are saved once to `model.cache_dir` (_gguf_cache) and loaded from
     there next time: the same tensors, in a second or two. cache_dir null: always dequantize."""
+    from filelock import FileLock
+
+    cached = _gguf_cache(cfg, dtype)
+    if cached is None:
+        return _dequantize(cfg, dtype, attn, None, tokenizer)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cached) + ".lock"):  # concurrent runs (test workers, array jobs): one dequantizes, the rest wait
+        if not (cached / "config.json").exists():
+            return _dequantize(cfg, dtype, attn, cached, tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn)
+    return model, tokenizer or _gguf_tokenizer(cfg, dtype)
+
+
+def _dequantize(cfg, dtype: torch.dtype, attn: str, cached: Path | None, tokenizer=None):
+    """The GGUF file's model, dequantized; saved to `cached` (written aside, then renamed) when given."""
     import shutil
     import tempfile
 
     path = _gguf_path(cfg)
-    cached = _gguf_cache(cfg, dtype)
-    if cached is not None and (cached / "config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=attn)
-        return model, tokenizer or _gguf_tokenizer(cfg, dtype)
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                  attn_implementation=attn)
     if cached is not None:
-        cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=cached.parent, prefix=".tmp-"))
         try:  # written aside, then renamed: a concurrent or killed run never sees half a checkpoint
             import copy

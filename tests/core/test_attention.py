@@ -122,7 +122,6 @@ def test_shadowkv_runs_on_glm(tiny_glm):
     assert small.shape == (1, 8) and cache.stats.summary()["attended_tokens_per_step"] <= 128
 
 
-@pytest.mark.slow
 def test_embedded_model_fullkv_token_identical_to_stock_sdpa(embedded):
     tok, model = embedded.tokenizer, embedded.model
     text = tok.apply_chat_template([{"role": "user", "content": "Summarize: " + "The grass is green. " * 60}],

@@ -1,6 +1,10 @@
 """Every Triton kernel configuration compiles for Hopper with CI's triton and with the H200 image's triton 3.6
 (scripts/compile_kernels.py, docs/kernels.md), plus the pieces it is built from: the launch recorder, the
-occupancy formula and the one-wave split count of the decode kernels."""
+occupancy formula and the one-wave split count of the decode kernels.
+
+The two compile tests (slow tier) check the run recorded in results/kernels_compile.json instead of compiling again
+when that run was made from the same kernel sources (`sources_sha256`) with the same triton: any change to a kernel,
+its layout, the shapes or the script compiles anew (`make kernels` records the new runs)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +18,25 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON36 = Path(os.environ.get("LOCKS_TRITON36", ROOT / ".venv" / "triton-3.6"))
+
+
+def _compile_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compile_kernels", ROOT / "scripts" / "compile_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorded_run(version: str) -> dict | None:
+    """The sm_90 run of triton `version` in results/kernels_compile.json when it was compiled from today's kernel
+    sources, else None."""
+    runs = json.loads((ROOT / "results" / "kernels_compile.json").read_text())["runs"]
+    run = runs.get(f"triton {version} sm_90")
+    if run is None or run.get("sources_sha256") != _compile_script().sources_sha256():
+        return None
+    return run
 
 
 def _compile(tmp_path, pythonpath=None):
@@ -57,7 +80,11 @@ def _check_run(run, version_prefix):
 def test_every_kernel_compiles_for_sm90_with_ci_triton(tmp_path):
     import triton
 
-    run, md = _compile(tmp_path)
+    run = recorded_run(triton.__version__)
+    if run is None:
+        run, md = _compile(tmp_path)
+    else:
+        md = (ROOT / "results" / "kernels_compile.md").read_text()
     _check_run(run, triton.__version__)
     assert "| _locks_score_kernel |" in md and "At the GPU benchmark's shapes" in md
 
@@ -67,12 +94,35 @@ def test_every_kernel_compiles_for_sm90_with_triton_3_6(tmp_path):
     if not (TRITON36 / "triton" / "__init__.py").exists():
         pytest.fail(f"triton 3.6.0 (the H200 image's) is not installed in {TRITON36}: run `make install`, or "
                     f"pip install --no-deps --target {TRITON36} triton==3.6.0")
-    run, _ = _compile(tmp_path, TRITON36)
+    version = subprocess.run([sys.executable, "-c", "import triton; print(triton.__version__)"], text=True,
+                             capture_output=True, env=dict(os.environ, PYTHONPATH=str(TRITON36)), check=True).stdout
+    run = recorded_run(version.strip()) or _compile(tmp_path, TRITON36)[0]
     _check_run(run, "3.6.")
 
 
 # --------------------------------------------------------------------------------------------------------------
 # the pieces
+
+
+def test_the_sources_hash_covers_every_kernel_module_and_changes_with_them(tmp_path, monkeypatch):
+    """A recorded compile stands in for a new one only while sources_sha256 is unchanged: it must cover every module
+    with Triton kernels, and any edit to one of them must change it."""
+    script = _compile_script()
+    files = {str(p.relative_to(ROOT)) for p in script.kernel_sources()}
+    for module in script.kernel_modules():
+        path = module.replace(".", "/")
+        assert f"{path}.py" in files or f"{path}/__init__.py" in files, module
+    before = script.sources_sha256()
+    copy = tmp_path / "repo"
+    for f in script.kernel_sources():
+        (copy / f.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / f.relative_to(ROOT)).write_bytes(f.read_bytes())
+    monkeypatch.setattr(script, "ROOT", copy)
+    monkeypatch.setattr(script, "__file__", str(copy / "scripts" / "compile_kernels.py"))
+    assert script.sources_sha256() == before  # the same sources, elsewhere
+    kernel = copy / "locks" / "kernels" / "decode.py"
+    kernel.write_text(kernel.read_text() + "\n# an edit\n")
+    assert script.sources_sha256() != before
 
 
 def test_blocks_per_sm_formula():

@@ -202,3 +202,39 @@ def test_sinks_enter_the_sparse_softmax_as_a_float64_reference_does(backend, pag
         want = p[1:] @ values[0, h // G, t].double()
         assert torch.allclose(out[0, h].double(), want, atol=1e-5), (h, backend, paged)
         assert torch.allclose(lse[0, h].double(), torch.logsumexp(logits, 0), atol=1e-5)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_window_decode_without_a_mask_attends_exactly_the_last_w_tokens(sinks):
+    """transformers may hand a sliding layer's decode step no mask (e.g. a single query and no padding): window_decode
+    then restricts the step to the last W keys itself. Against a float64 softmax over exactly those keys (and the
+    sinks' column where the layer has one), and far from the softmax over W - 1 or W + 1 of them."""
+    from types import SimpleNamespace
+
+    from locks.core.attention import window_decode
+    from locks.core.cache import DecodeStats
+    from locks.core.selector import LayerInfo
+
+    B, Hq, Hkv, d, L, W = 1, 4, 2, 16, 40, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, h, n, d, generator=g) for h, n in ((Hq, 1), (Hkv, L), (Hkv, L)))
+    k[:, :, L - W] *= 6  # the window's oldest key dominates: a window one token short loses most of the mass
+    sink = torch.randn(Hq, generator=g) if sinks else None
+    info = LayerInfo(0, Hq, Hkv, d, d ** -0.5, sliding_window=W)
+    cache = SimpleNamespace(stats=DecodeStats())
+    module = SimpleNamespace(num_key_value_groups=Hq // Hkv, is_causal=True, training=False)
+    out, _ = window_decode(module, q, k, v, None, cache, info, info.scaling, sink)
+
+    def reference(first):
+        keys = k[:, :, first:].double().repeat_interleave(Hq // Hkv, 1)
+        logits = torch.einsum("bhd,bhld->bhl", q[:, :, 0].double(), keys) * info.scaling
+        if sink is not None:  # the sink: a logit in the softmax with no value
+            logits = torch.cat([logits, sink.double().view(1, Hq, 1)], -1)
+        p = torch.softmax(logits, -1)[..., : L - first]
+        return torch.einsum("bhl,bhld->bhd", p, v[:, :, first:].double().repeat_interleave(Hq // Hkv, 1))
+
+    got = out.reshape(B, Hq, d).double()
+    assert (got - reference(L - W)).abs().max() < 1e-5
+    for first in (L - W + 1, L - W - 1):
+        assert (got - reference(first)).abs().max() > 1e-2
+    assert cache.stats.by_type["sliding_attention"][0] == W * info.token_kv_bytes  # the bytes model reads W tokens

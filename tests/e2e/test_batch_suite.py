@@ -6,18 +6,17 @@ import pytest
 import torch
 
 from locks.core.registry import discover
-from tests.helpers import default_suite
 
 BATCH = 8
 
 pytestmark = pytest.mark.slow
 
 
-def test_the_default_suite_at_batch_8_predicts_what_batch_1_predicts(tmp_path):
+def test_the_default_suite_at_batch_8_predicts_what_batch_1_predicts(default_suite):
     from eval.runner import sample_row
     from locks.core.generation import generate, generate_rows
 
-    config, loaded, samples, captures, method_named = default_suite(tmp_path, BATCH)
+    config, loaded, samples, captures, method_named = default_suite(BATCH)
     model = loaded.model
     logits: list[torch.Tensor] = []
     hook = model.lm_head.register_forward_hook(lambda m, i, out: logits.append(out[0, -1].clone()))

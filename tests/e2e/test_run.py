@@ -1,25 +1,34 @@
-"""run.py end to end: results files, resume after SIGKILL, W&B offline files, bad input."""
+"""run.py end to end: results files, resume after SIGKILL, W&B offline files, bad input. The jobs run in-process
+(run.run on run.compose_config, models shared by the session); subprocesses only where the process itself is the
+subject: the command line's exit code and stderr, and a SIGKILL."""
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from eval.results import without_timings
+from eval.results import KILL_AFTER_ROWS, without_timings
+from tests.helpers import run_inprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny_random_llama", "benchmark.context_length=1024", "logger=none"]
 
 
-def run(args, tmp_path, timeout=600, **kw):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_SILENT="true")
+def subprocess_run(args, tmp_path, timeout=600, env=None):
+    """`python run.py` as a user types it, in its own process."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_SILENT="true", **(env or {}))
     cmd = [sys.executable, str(ROOT / "run.py"), f"paths.runs_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def run(shared_models, capsys):
+    """run(args, runs_dir) -> JobResult: one run.py job in this process."""
+    return lambda args, runs_dir: run_inprocess(args, runs_dir, capsys)
 
 
 def the_run_dir(tmp_path):
@@ -33,32 +42,21 @@ def read_rows(run_dir):
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-def test_tiny_run_writes_results_and_resumes_after_sigkill(tmp_path, batch):
-    """At batch 3 a row is written when its sample finishes: the killed run resumes from the samples that have no
-    line and duplicates none."""
+def test_tiny_run_writes_results_and_resumes_after_sigkill(tmp_path, run, batch):
+    """The run is killed (SIGKILL, by $LOCKS_KILL_AFTER_ROWS: no timing) right after its second row; at batch 3 a row
+    is written when its sample finishes. The rerun resumes from the samples that have no line and duplicates none."""
     args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=3", "benchmark.tasks=[niah_single_1,niah_multikey_3]",
                    f"batch_size={batch}"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    cmd = [sys.executable, str(ROOT / "run.py"), f"paths.runs_dir={tmp_path}", f"hydra.run.dir={tmp_path}/hydra", *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    pred = None
-    while time.time() < deadline:
-        found = list(tmp_path.glob("*/predictions.jsonl"))
-        if found and len(found[0].read_text().splitlines()) >= 2:
-            pred = found[0]
-            break
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert pred is not None, "no sample finished before the deadline"
+    killed = subprocess_run(args, tmp_path, env={KILL_AFTER_ROWS: "2"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    (pred,) = tmp_path.glob("*/predictions.jsonl")
+    assert len(read_rows_safe(pred)) == 2  # fsynced before the kill: exactly the rows written
     with open(pred, "a") as f:
         f.write('{"task": "niah_single_1", "ind')  # a torn line, as if killed mid-write
-    before = len(read_rows_safe(pred))
-    assert 2 <= before < 6
 
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "(2 samples done, 4 to go)" in result.stdout
     run_dir = the_run_dir(tmp_path)
     rows = read_rows(run_dir)
     keys = [(r["task"], r["index"]) for r in rows]
@@ -86,9 +84,11 @@ def read_rows_safe(path):
 
 
 def test_wandb_offline_run_holds_the_summary(tmp_path):
+    """In a process of its own: read in-process right after the run's `finish`, the offline run log once held only
+    its header; the exit of the process is what guarantees that W&B's service has written it."""
     args = ["model=tiny_random_llama", "benchmark.context_length=512", "benchmark.num_samples=1",
             "benchmark.tasks=[niah_single_1]", "method=oracle", "budget=64", "logger=wandb", "logger.mode=offline"]
-    result = run(args, tmp_path)
+    result = subprocess_run(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = the_run_dir(tmp_path)
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -104,15 +104,27 @@ def test_wandb_offline_run_holds_the_summary(tmp_path):
         assert key in log
     assert b"results-" + metrics["run_key"][:16].encode() in log  # the result files as an artifact
     # a second submission of the same job skips the run but logs its stored results to the same W&B run id
-    again = run(args, tmp_path)
+    again = subprocess_run(args, tmp_path)
     assert again.returncode == 0 and "skipped: results exist" in again.stdout, again.stderr[-3000:]
     assert len(list(run_dir.glob("wandb/offline-run-*"))) == 2
     assert all(metrics["run_key"][:16] in p.name for p in run_dir.glob("wandb/offline-run-*"))
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["method=nosuch"], "Available options"),
+    (["method=nosuch"], "Available options"),  # Hydra's own error, before the harness runs
     (["budget=0"], "budget must be a positive"),
+])
+def test_the_command_line_gives_one_line_errors_and_a_nonzero_exit(tmp_path, args, expected):
+    """The command-line contract, in a process of its own: a nonzero exit, no traceback, at most one `error: ` line."""
+    result = subprocess_run(TINY + args, tmp_path)
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) <= 1 and (not ours or expected in ours[0]), result.stderr
+
+
+@pytest.mark.parametrize("args,expected", [
     (["batch_size=0"], "batch_size must be a positive"),
     (["method.rank=16"], "method.rank"),
     (["method.page_size=12"], "method.page_size"),
@@ -131,10 +143,10 @@ def test_wandb_offline_run_holds_the_summary(tmp_path):
     (["benchmark=infinitebench", "benchmark.tasks=[passkey]", f"benchmark.data_dir={ROOT}/tests/fixtures/longbench"],
      "benchmark.data_dir="),
 ])
-def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, args, expected):
+def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, run, args, expected):
     base = [a for a in TINY if not any(b.startswith(a.split("=")[0].split(".")[0] + "=") for b in args)]
     result = run(base + args, tmp_path)
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -167,7 +179,7 @@ def base_checkpoint(tmp_path_factory):
     (["benchmark=infinitebench", "benchmark.tasks=[passkey]", f"benchmark.data_dir={ROOT}/tests/fixtures/infinitebench"],
      "benchmark.template=chat needs the model's chat template"),
 ])
-def test_a_base_model_with_a_chat_template_setting_stops_before_the_model_loads(tmp_path, base_checkpoint, args,
+def test_a_base_model_with_a_chat_template_setting_stops_before_the_model_loads(tmp_path, run, base_checkpoint, args,
                                                                                  expected):
     result = run(["model=qwen2_5_7b_instruct", f"model.path={base_checkpoint}", "model.name=base", "logger=none",
                   *args], tmp_path)
@@ -176,7 +188,7 @@ def test_a_base_model_with_a_chat_template_setting_stops_before_the_model_loads(
     assert "Traceback" not in result.stderr and len(ours) == 1 and expected in ours[0], result.stderr
 
 
-def test_a_base_model_runs_ruler_with_its_base_template(tmp_path, base_checkpoint):
+def test_a_base_model_runs_ruler_with_its_base_template(tmp_path, run, base_checkpoint):
     """benchmark.chat_template=auto (the default): a tokenizer without a chat template gets RULER's base prompt,
     and the run records which template it used."""
     import shutil
@@ -195,7 +207,7 @@ def test_a_base_model_runs_ruler_with_its_base_template(tmp_path, base_checkpoin
     assert metrics["benchmark"]["chat_template"] is False and metrics["benchmark"]["chat_template_setting"] == "auto"
 
 
-def test_a_finished_run_missing_its_last_line_reruns_that_sample(tmp_path):
+def test_a_finished_run_missing_its_last_line_reruns_that_sample(tmp_path, run):
     """skip-if-done accepts only a complete run: with the last predictions line gone, the rerun resumes with
     "1 to go" and writes that sample again, the same as before."""
     args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=2", "benchmark.tasks=[niah_single_1]"]
@@ -212,9 +224,9 @@ def test_a_finished_run_missing_its_last_line_reruns_that_sample(tmp_path):
     assert [without_timings(r) for r in after] == [without_timings(r) for r in before]
 
 
-@pytest.mark.slow
-def test_embedded_model_end_to_end(tmp_path):
-    args = ["method=locks", "budget=256", "benchmark.context_length=1024", "benchmark.num_samples=1", "logger=none"]
+def test_embedded_model_end_to_end(tmp_path, run):
+    args = ["method=locks", "budget=256", "benchmark.context_length=1024", "benchmark.num_samples=1", "logger=none",
+            "benchmark.decode_cap=4"]
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((the_run_dir(tmp_path) / "metrics.json").read_text())
@@ -223,25 +235,29 @@ def test_embedded_model_end_to_end(tmp_path):
     assert "average" in result.stdout
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("benchmark,tasks", [
     ("longbench", "[trec,passage_count,samsum]"),
     ("longbench_e", "[passage_retrieval_en]"),
     ("infinitebench", "[passkey,kv_retrieval,code_debug]"),
 ])
-def test_embedded_model_end_to_end_on_fixtures(tmp_path, benchmark, tasks):
+def test_embedded_model_end_to_end_on_fixtures(tmp_path, run, benchmark, tasks):
+    """The plumbing of every benchmark on the embedded model: tasks present, scores in range, table printed, records
+    written (decode_cap 4: a few tokens prove that much)."""
     data = "longbench" if benchmark.startswith("longbench") else benchmark
     args = [f"benchmark={benchmark}", f"benchmark.data_dir={ROOT}/tests/fixtures/{data}", f"benchmark.tasks={tasks}",
-            "benchmark.num_samples=1", "benchmark.max_length=1024", "method=locks", "budget=256", "logger=none"]
+            "benchmark.num_samples=1", "benchmark.max_length=1024", "method=locks", "budget=256", "logger=none",
+            "benchmark.decode_cap=4"]
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((the_run_dir(tmp_path) / "metrics.json").read_text())
     assert set(metrics["scores"]) == set(tasks.strip("[]").split(","))
     assert all(0 <= s <= 100 for s in metrics["scores"].values())
     assert metrics["model"] == "smollm2_135m" and "average" in result.stdout
+    assert metrics["benchmark"]["decode_cap"] == 4
+    assert all(r["generated_tokens"] <= 4 for r in read_rows(the_run_dir(tmp_path)))
 
 
-def test_fullkv_runs_once_for_every_budget_of_a_sweep(tmp_path):
+def test_fullkv_runs_once_for_every_budget_of_a_sweep(tmp_path, run):
     """The budget changes nothing for FullKV, so a second budget reuses the first run's results."""
     args = TINY + ["method=fullkv", "benchmark.num_samples=1", "benchmark.tasks=[niah_single_1]"]
     first = run(args + ["budget=64"], tmp_path)
@@ -254,7 +270,7 @@ def test_fullkv_runs_once_for_every_budget_of_a_sweep(tmp_path):
     assert json.loads((runs[0] / "metrics.json").read_text())["budget"] is None
 
 
-def test_static_decode_run_matches_eager_run(tmp_path):
+def test_static_decode_run_matches_eager_run(tmp_path, run):
     """static_decode=true (the CUDA-graph step, run eagerly on CPU) predicts what the eager run predicts, records its
     decode mode, and shares the eager run's key (a finished eager run is not redone)."""
     args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=1", "benchmark.tasks=[niah_multikey_3]"]

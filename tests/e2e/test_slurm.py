@@ -18,7 +18,7 @@ import pytest
 from eval.results import without_timings
 from tests.helpers import assert_records_close
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm_local.sh"

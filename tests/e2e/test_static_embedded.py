@@ -5,18 +5,15 @@ attention, on the harness's own prompts."""
 import pytest
 
 from locks.core.registry import discover
-from tests.helpers import default_suite
 
 SAMPLES = 2
 
-pytestmark = pytest.mark.slow
 
-
-def test_every_static_step_predicts_what_its_eager_step_predicts(tmp_path):
+def test_every_static_step_predicts_what_its_eager_step_predicts(default_suite):
     from eval.runner import sample_row
     from locks.core.generation import generate
 
-    config, loaded, samples, captures, method_named = default_suite(tmp_path, SAMPLES)
+    config, loaded, samples, captures, method_named = default_suite(SAMPLES)
     checked = []
     for name in sorted(discover()):
         method = method_named(name)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from eval.config_schema import method_schema
 from paper_figs import claims, locks_ablation
@@ -107,3 +108,31 @@ def test_the_readme_shows_the_table_the_script_writes():
     assert table.count("\n") == 1 + len(locks_ablation.cells()) and table.count("score") == 2  # every cell, both
     assert table in (ROOT / "README.md").read_text()
     assert "paper_figs/out/locks_ablation.png" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("claim,diff,p,verdict", [
+    # int2 collapses: Δ(int2 - unquantized) <= -20 points at p < 0.01
+    ("int2 summaries collapse", -20.0, 0.0099, "holds"),
+    ("int2 summaries collapse", -20.0, 0.0101, "does not hold"),
+    ("int2 summaries collapse", -40.0, 0.049, "does not hold"),
+    ("int2 summaries collapse", -19.9, 1e-6, "does not hold"),
+    ("int2 summaries collapse", -40.0, 0.05, "not separated"),
+    # int4 loses a few points: Δ(int4 - unquantized) in [-10, 0) at p < 0.05
+    ("int4 summaries lose a few recall points against unquantized ones", -10.0, 0.049, "holds"),
+    ("int4 summaries lose a few recall points against unquantized ones", -0.1, 0.049, "holds"),
+    ("int4 summaries lose a few recall points against unquantized ones", -10.1, 0.049, "does not hold"),
+    ("int4 summaries lose a few recall points against unquantized ones", 0.0, 0.049, "does not hold"),
+    ("int4 summaries lose a few recall points against unquantized ones", -3.0, 0.05, "not separated"),
+    # the rank-8 term matters: Δ(rank 8 - centroid only) > 0 at p < 0.05
+    ("the rank-8 term matters", 0.1, 0.049, "holds"),
+    ("the rank-8 term matters", 0.0, 0.049, "does not hold"),
+    ("the rank-8 term matters", 30.0, 0.05, "not separated"),
+])
+def test_each_ablation_rule_at_its_boundaries(tmp_path, monkeypatch, claim, diff, p, verdict):
+    """Each paired rule decided on a paired difference placed just inside or just outside its thresholds."""
+    results = write(tmp_path)
+    monkeypatch.setattr(locks_ablation, "compare",
+                        lambda by_cell, a, b: {"diff": diff, "lo": diff - 5, "hi": diff + 5, "p": p, "n": N})
+    rows = {r["claim"]: r for r in claims.ablation_rows(results)}
+    for context in ("2K", "8K"):
+        assert rows[f"{claim} ({context} tokens)"]["verdict"] == verdict, (context, diff, p)
