@@ -13,19 +13,13 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min
 
 import pytest  # noqa: E402
 
+# submitit configures logging when it is first imported (logging.config.dictConfig), which closes every handler
+# there is. Imported inside a test, after rouge_score's absl handler has taken pytest's capture stream as its own,
+# that close shuts pytest's capture file and fails every later test of the process; imported here, it closes
+# nothing (tests/e2e/test_run.py's in-process runs import it through Hydra's launcher plugins).
+import submitit  # noqa: E402, F401
+
 from tests.helpers import WhitespaceTokenizer  # noqa: E402
-
-
-MODEL_FIXTURES = {"shared_models", "embedded", "default_suite"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """pytest-xdist groups (`make test`: `-n 2 --dist loadgroup`): the tests that load the embedded model share one
-    worker, where it loads once; every other test stays with the rest of its module, whose module-scoped fixtures
-    (random models, reference decodes, separate runs) are then built once."""
-    for item in items:
-        models = MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("models" if models else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")

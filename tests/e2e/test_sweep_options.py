@@ -1,5 +1,5 @@
-"""Sweep options: cells a method rejects are skipped with their reason (hydra.launcher.skip_invalid), and RULER's
-decode_cap shortens generation without touching the prompt."""
+"""Sweep options: cells a method rejects are skipped with their reason (hydra.launcher.skip_invalid), and
+decode_cap shortens generation without touching the prompt, on every benchmark."""
 from pathlib import Path
 
 import pytest
@@ -91,3 +91,31 @@ def test_collect_runs_copies_finished_runs_by_method_and_budget(tmp_path, capsys
     assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == [
         "fullkv_ctx.json", "locks_b128_2048.json", "locks_b128_8192.json", "locks_b128_8192_page_size-8_rank-7.json",
         "locks_b128_8192_v_bits-2.json"]
+
+
+@pytest.mark.parametrize("name,data,tasks", [
+    ("longbench", "longbench", ["trec", "samsum"]),
+    ("longbench_e", "longbench", ["passage_retrieval_en"]),
+    ("infinitebench", "infinitebench", ["passkey", "code_debug"]),
+])
+def test_decode_cap_applies_to_every_benchmark(name, data, tasks, tok):
+    """The same rule on LongBench and InfiniteBench: max_new_tokens = min(the task's own, the cap), the prompt and
+    every other field unchanged, the cap in the run record, bad caps refused in one line."""
+    from eval.benchmarks import build_benchmark
+
+    conf = OmegaConf.load(ROOT / "conf" / "benchmark" / f"{name}.yaml")
+    assert conf.decode_cap is None  # the official budgets by default
+    base = {**OmegaConf.to_container(conf), "tasks": tasks, "num_samples": 1, "max_length": 512,
+            "data_dir": str(ROOT / "tests" / "fixtures" / data)}
+    plain = build_benchmark(OmegaConf.create(base)).samples(tok, seed=42)
+    capped_bench = build_benchmark(OmegaConf.create({**base, "decode_cap": 3}))
+    capped = capped_bench.samples(tok, seed=42)
+    assert len(capped) == len(plain) == len(tasks)
+    for a, b in zip(capped, plain):
+        assert b["max_new_tokens"] > 3 and a["max_new_tokens"] == 3
+        assert {k: v for k, v in a.items() if k != "max_new_tokens"} == {k: v for k, v in b.items()
+                                                                          if k != "max_new_tokens"}
+    assert capped_bench.run_record(tok)["decode_cap"] == 3
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ConfigError, match="decode_cap"):
+            build_benchmark(OmegaConf.create({**base, "decode_cap": bad}))
