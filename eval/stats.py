@@ -13,9 +13,18 @@ split 50/50, so p = min(1, 2 * P[Binomial(n_discordant, 1/2) <= min(n_10, n_01)]
 permutation test on the task-weighted mean difference (exact up to 2^16 sign patterns, else 20000 random ones),
 p = fraction with |mean| >= the observed |mean|. Each comparison also gives the bootstrap interval of the suite
 difference.
+
+What a paired 0/100 comparison can resolve at its n: with psi the share of discordant pairs and delta = p10 - p01
+the difference (score points / 100), the exact McNemar test rejects with power
+
+    power(delta) = sum_D P[Bin(n, psi) = D] * P[reject | D],   n10 | D ~ Bin(D, (psi + delta) / (2 psi)),
+
+and the smallest detectable difference is the smallest delta with power >= 80% at level 0.05 (`detectable_difference`,
+at the observed psi).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import defaultdict
@@ -25,6 +34,7 @@ import numpy as np
 B_RESAMPLES = 2000
 SEED = 20250101
 ALPHA = 0.05
+POWER = 0.8
 
 
 def _by_task(scores: dict[str, float], task_of: dict[str, str]) -> dict[str, np.ndarray]:
@@ -69,6 +79,67 @@ def mcnemar_p(n10: int, n01: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def _log_binom_pmf(n: int, p: float, log_fact: np.ndarray) -> np.ndarray:
+    """log P[Bin(n, p) = k] for k = 0..n."""
+    k = np.arange(n + 1)
+    with np.errstate(divide="ignore"):
+        return (log_fact[n] - log_fact[k] - log_fact[n - k] + k * np.log(p) + (n - k) * np.log1p(-p)
+                if 0 < p < 1 else np.where(k == (n if p >= 1 else 0), 0.0, -np.inf))
+
+
+@functools.lru_cache(maxsize=64)
+def _mcnemar_critical(n: int, alpha: float) -> tuple[int, ...]:
+    """For D = 0..n discordant pairs, the largest min(n10, n01) that McNemar's exact test rejects at `alpha` (-1:
+    none): from the Bin(D, 1/2) cdf, settled at the boundary by mcnemar_p itself."""
+    log_fact = _log_factorials(n)
+    out = [-1]
+    for d in range(1, n + 1):
+        cdf = np.cumsum(np.exp(_log_binom_pmf(d, 0.5, log_fact)))[: d // 2 + 1]
+        k = int(np.searchsorted(2 * cdf, alpha)) - 1  # the last k with 2 * cdf[k] < alpha (float)
+        while k >= 0 and mcnemar_p(k, d - k) >= alpha:
+            k -= 1
+        while k + 1 <= d // 2 and mcnemar_p(k + 1, d - k - 1) < alpha:
+            k += 1
+        out.append(k)
+    return tuple(out)
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+
+
+def mcnemar_power(n: int, discordant: float, diff: float, alpha: float = ALPHA) -> float:
+    """Power of McNemar's exact two-sided test at level `alpha` in n pairs with discordant share `discordant` (psi)
+    and paired difference `diff` = p10 - p01 (|diff| <= psi), exactly (module docstring)."""
+    if not 0 < discordant <= 1 or abs(diff) > discordant + 1e-12:
+        raise ValueError(f"need 0 < discordant <= 1 and |diff| <= discordant (got {discordant}, {diff})")
+    log_fact = _log_factorials(n)
+    critical = _mcnemar_critical(n, float(alpha))
+    p_d = np.exp(_log_binom_pmf(n, discordant, log_fact))
+    q = min(1.0, max(0.0, (discordant + diff) / (2 * discordant)))
+    power = 0.0
+    for d in range(1, n + 1):
+        k = critical[d]
+        if k < 0 or p_d[d] == 0:
+            continue
+        pmf = np.exp(_log_binom_pmf(d, q, log_fact))
+        power += p_d[d] * (pmf[: k + 1].sum() + pmf[d - k:].sum())
+    return float(power)
+
+
+def detectable_difference(n: int, discordant: float, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest |p10 - p01| that McNemar's exact test detects with `power` at level `alpha` in n pairs with
+    discordant share `discordant`, to 1e-4 (x 100: score points); None when even |diff| = discordant (every
+    discordant pair one way) falls short."""
+    if n < 1 or not 0 < discordant <= 1 or mcnemar_power(n, discordant, discordant, alpha) < power:
+        return None
+    lo, hi = 0.0, discordant
+    while hi - lo > 1e-4:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if mcnemar_power(n, discordant, mid, alpha) >= power else (mid, hi)
+    return hi
+
+
 def _sign_flip_p(diffs_by_task: dict[str, np.ndarray], rng) -> float:
     """Paired sign-flip permutation p-value of the task-weighted mean difference."""
     weights, values = [], []
@@ -101,11 +172,13 @@ def paired_comparison(a: dict[str, float], b: dict[str, float], task_of: dict[st
     boot = _bootstrap_suite(groups, rng)
     lo, hi = np.quantile(boot, [ALPHA / 2, 1 - ALPHA / 2])
     binary = all(float(x[sid]) in (0.0, 100.0) for x in (a, b) for sid in common)
+    discordant = None
     if binary:
         n10 = sum(a[s] > b[s] for s in common)
         n01 = sum(a[s] < b[s] for s in common)
         p, test = mcnemar_p(n10, n01), "mcnemar"
+        discordant = (n10 + n01) / len(common)
     else:
         p, test = _sign_flip_p(groups, rng), "sign-flip"
     return {"n": len(common), "diff": suite_mean(diffs, task_of), "lo": float(lo), "hi": float(hi), "p": p,
-            "test": test}
+            "test": test, "discordant": discordant}

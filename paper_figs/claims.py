@@ -23,6 +23,8 @@ Verdict rules (stated in each row):
   p < 0.01), the rank-8 term matters (rank 8 above centroid-only, p < 0.05), summaries cost about 10% of the page's
   KV (bytes per page / 2 n d s within 2 points at d = 128), Theorem 1 holds for unquantized summaries (soundness
   rate 1). A paired difference with p >= 0.05 is "not separated at n = ...", never "holds".
+- every paired row also states what its n can resolve: the smallest difference McNemar's exact test detects with 80%
+  power at p < 0.05, at the row's observed share of discordant pairs (eval/stats.detectable_difference).
 - the anchors' own claims (Quest 1.74x end to end at 32K; RocketKV 3.7x decode speedup and 32.6% lower peak memory;
   ShadowKV 6x larger batch and 3.04x throughput at 122K; LOCKS "saves bandwidth, not VRAM"): the measured number
   from results/gpu/ e2e records when present; else "not measured" with the analytic value at that setting: the
@@ -55,6 +57,21 @@ DEVICE_MEMORY = 139 * 2 ** 30  # one H200 as lent here (about 139 GiB)
 
 def _row(claim, measured, verdict, source, rule):
     return {"claim": claim, "measured": measured, "verdict": verdict, "rule": rule, "source": source}
+
+
+def detectable(n: int, discordant) -> str:
+    """What a paired 0/100 comparison of n samples can resolve: the smallest |Δ| that McNemar's exact test detects
+    with 80% power at p < 0.05, at the observed share of discordant pairs (eval/stats.detectable_difference)."""
+    from eval.stats import detectable_difference
+
+    if discordant is None or pd.isna(discordant):
+        return "detectable difference: no paired 0/100 scores"
+    if discordant == 0:
+        return f"detectable difference: no discordant pair in n = {n}"
+    d = detectable_difference(int(n), float(discordant))
+    if d is None:
+        return f"no difference detectable at n = {n} ({discordant:.0%} discordant pairs)"
+    return f"smallest detectable difference {100 * d:.1f} points at n = {n} ({discordant:.0%} discordant, 80% power)"
 
 
 def ranking_rows(df: pd.DataFrame, source: str) -> list[dict]:
@@ -94,7 +111,8 @@ def collapse_rows(df: pd.DataFrame, source: str) -> list[dict]:
                                 "not measured", source, rule))
                 continue
             measured = (f"{r['mean']:.1f} [{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] vs FullKV {full_mean:.1f}, "
-                        f"Δ {r['vs_fullkv']:+.1f}, p={p:.2g}, n={int(r['n'])}")
+                        f"Δ {r['vs_fullkv']:+.1f}, p={p:.2g}, n={int(r['n'])}; "
+                        f"{detectable(int(r['n']), r['vs_fullkv_discordant'])}")
             holds = r["mean"] <= full_mean / 2 and p < 0.05
             out.append(_row(claim, measured, "holds" if holds else "does not hold", source, rule))
     return out
@@ -387,7 +405,8 @@ def ablation_rows(results) -> list[dict]:
             if c is None or c["diff"] is None:
                 rows.append(_row(name, f"no paired {a} / {b} runs", "not measured", source, rule))
                 continue
-            text = f"{a} - {b}: {c['diff']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}], p={c['p']:.2g}, n={c['n']}"
+            text = (f"{a} - {b}: {c['diff']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}], p={c['p']:.2g}, n={c['n']}; "
+                    f"{detectable(c['n'], c.get('discordant'))}")
             if c["p"] >= SEPARATED_P:
                 rows.append(_row(name, f"{text}; not separated at n = {c['n']}", "not separated", source, rule))
             else:

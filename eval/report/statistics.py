@@ -40,7 +40,7 @@ def with_intervals(unit: pd.DataFrame) -> pd.DataFrame:
 def _compare(row, ref) -> dict:
     a, b = sample_scores(row), sample_scores(ref) if ref is not None else None
     if a is None or b is None:
-        return {"diff": None, "lo": None, "hi": None, "p": None, "n": None}
+        return {"diff": None, "lo": None, "hi": None, "p": None, "n": None, "discordant": None}
     return paired_comparison(a[0], b[0], {**b[1], **a[1]})
 
 
@@ -69,7 +69,7 @@ def statistics_table(unit: pd.DataFrame) -> pd.DataFrame:
                 "method": label, "budget": r["budget"], "mean": float(r["average"]), "ci_lo": r["ci_lo"],
                 "ci_hi": r["ci_hi"], "n": int(r["n"]),
                 "vs_fullkv": vs_full["diff"], "vs_fullkv_lo": vs_full["lo"], "vs_fullkv_hi": vs_full["hi"],
-                "vs_fullkv_p": vs_full["p"],
+                "vs_fullkv_p": vs_full["p"], "vs_fullkv_discordant": vs_full["discordant"],
                 "bound": None if bound is None else bound["label"], "vs_bound": vs_bound["diff"],
                 "vs_bound_lo": vs_bound["lo"], "vs_bound_hi": vs_bound["hi"], "vs_bound_p": vs_bound["p"],
                 "tokens_per_kv_head": r["attended_tokens_per_step"],

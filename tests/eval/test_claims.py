@@ -59,6 +59,7 @@ def test_claims_from_fixture_runs(tmp_path):
     assert ranking.verdict == "does not hold"  # 0.80 / 0.90 at b=128 < 0.95
     assert "b=64: 0.975" in ranking.measured and "b=128: 0.889" in ranking.measured
     assert rows["Quest collapses at budget 64"].verdict == "holds"  # 5 vs 95, 36 discordant pairs
+    assert "; smallest detectable difference " in rows["Quest collapses at budget 64"].measured  # 36 of 40
     assert rows["Quest collapses at budget 128"].verdict == "does not hold"  # 62.5 > 95 / 2
     assert rows["LOCKS collapses at budget 64"].verdict == "does not hold"
     cert = rows["Theorem 1 coverage bound (the per-step certificate is a lower bound on coverage)"]

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from eval.config_schema import method_schema
+from eval.stats import detectable_difference
 from paper_figs import claims, locks_ablation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +90,10 @@ def test_ablation_verdicts(tmp_path):
     rows = {r["claim"]: r for r in claims.ablation_rows(write(tmp_path))}
     int4 = rows["int4 summaries lose a few recall points against unquantized ones (8K tokens)"]
     assert int4["verdict"] == "not separated" and "not separated at n = 60" in int4["measured"]  # 50 vs 54 of 60
+    # 4 discordant pairs of 60: even all one way, McNemar cannot reach p < 0.05 with 80% power
+    assert "no difference detectable at n = 60 (7% discordant pairs)" in int4["measured"]
+    int2 = rows["int2 summaries collapse (2K tokens)"]["measured"]  # 42 discordant pairs of 60
+    assert f"smallest detectable difference {100 * detectable_difference(60, 42 / 60):.1f} points at n = 60" in int2
     assert rows["int2 summaries collapse (2K tokens)"]["verdict"] == "holds"  # 12 vs 54: -70 points
     assert rows["the rank-8 term matters (8K tokens)"]["verdict"] == "not separated"  # 50 vs 49
     assert rows["summaries cost about 10% of the page's KV"]["verdict"] == "holds"

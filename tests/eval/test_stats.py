@@ -53,3 +53,39 @@ def test_sign_flip_test_for_graded_scores():
     assert r["p"] == pytest.approx(2 / 2 ** 10)
     noisy = {k: v + (5 if i % 2 else -5) for i, (k, v) in enumerate(b.items())}
     assert paired_comparison(noisy, b, {k: "t" for k in a})["p"] > 0.5
+
+
+def test_mcnemar_power_against_simulation():
+    """The exact power against 20,000 simulated studies: n pairs drawn with P(a right, b wrong) = p10 and P(a wrong,
+    b right) = p01, each tested by mcnemar_p at 0.05."""
+    from eval.stats import mcnemar_power
+
+    rng = np.random.default_rng(0)
+    for n, p10, p01 in ((60, 0.15, 0.03), (120, 0.06, 0.02), (40, 0.05, 0.05)):
+        counts = rng.multinomial(n, [p10, p01, 1 - p10 - p01], size=20000)
+        simulated = np.mean([mcnemar_p(int(a), int(b)) < 0.05 for a, b, _ in counts])
+        exact = mcnemar_power(n, p10 + p01, p10 - p01)
+        assert abs(simulated - exact) < 4 * np.sqrt(exact * (1 - exact) / 20000) + 1e-3, (n, p10, p01)
+
+
+def test_detectable_difference_is_the_smallest_with_80_percent_power():
+    from eval.stats import detectable_difference, mcnemar_power
+
+    for n, psi in ((100, 0.1), (300, 0.08), (50, 0.5)):
+        d = detectable_difference(n, psi)
+        assert mcnemar_power(n, psi, d) >= 0.8 > mcnemar_power(n, psi, d - 2e-4)
+    # large n: close to the normal approximation n = (z_.975 sqrt(psi) + z_.8 sqrt(psi - d^2))^2 / d^2
+    d = detectable_difference(500, 0.1)
+    approx = ((1.959964 * 0.1 ** 0.5 + 0.841621 * (0.1 - d * d) ** 0.5) / d) ** 2
+    assert abs(approx - 500) < 40 and 0.035 < d < 0.047
+    assert detectable_difference(50, 0.08) is None  # 4 discordant pairs: even all one way is not enough
+    assert detectable_difference(100, 0.99) < detectable_difference(100, 0.1) * 4
+
+
+def test_paired_comparison_reports_the_discordant_share():
+    a = {f"t/{i}": 100.0 if i < 7 else 0.0 for i in range(20)}
+    b = {f"t/{i}": 100.0 if 2 <= i < 10 else 0.0 for i in range(20)}
+    out = paired_comparison(a, b, {k: "t" for k in a})
+    assert out["discordant"] == (2 + 3) / 20 and out["test"] == "mcnemar"
+    graded = paired_comparison({"t/0": 50.0, "t/1": 20.0}, {"t/0": 10.0, "t/1": 20.0}, {"t/0": "t", "t/1": "t"})
+    assert graded["discordant"] is None and graded["test"] == "sign-flip"
