@@ -74,7 +74,8 @@ def append_prediction(f, row: dict) -> None:
     f.flush()
     os.fsync(f.fileno())
     _rows_written[0] += 1
-    if os.environ.get(KILL_AFTER_ROWS) and _rows_written[0] >= int(os.environ[KILL_AFTER_ROWS]):
+    kill_after = os.environ.get(KILL_AFTER_ROWS)
+    if kill_after and _rows_written[0] >= int(kill_after):
         os.kill(os.getpid(), signal.SIGKILL)  # a preempted job, dying at a point the test chooses (no timing)
 
 

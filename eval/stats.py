@@ -79,6 +79,10 @@ def mcnemar_p(n10: int, n01: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def _log_factorials(n: int) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
+
+
 def _log_binom_pmf(n: int, p: float, log_fact: np.ndarray) -> np.ndarray:
     """log P[Bin(n, p) = k] for k = 0..n."""
     k = np.arange(n + 1)
@@ -102,10 +106,6 @@ def _mcnemar_critical(n: int, alpha: float) -> tuple[int, ...]:
             k += 1
         out.append(k)
     return tuple(out)
-
-
-def _log_factorials(n: int) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
 
 
 def mcnemar_power(n: int, discordant: float, diff: float, alpha: float = ALPHA) -> float:

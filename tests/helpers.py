@@ -329,6 +329,19 @@ def default_suite(runs_dir, num_samples: int, budget: int = 128):
     return config, loaded, samples, captures, method
 
 
+def load_script(name: str):
+    """scripts/<name>.py as a module (registered in sys.modules under `name`, as its dataclasses need), loaded once."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 class JobResult(NamedTuple):
     """What a run.py job leaves: its exit code and what it printed (CompletedProcess's field names)."""
 

@@ -16,17 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 TRITON36 = Path(os.environ.get("LOCKS_TRITON36", ROOT / ".venv" / "triton-3.6"))
-
-
-def _compile_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("compile_kernels", ROOT / "scripts" / "compile_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def recorded_run(version: str) -> dict | None:
@@ -34,7 +27,7 @@ def recorded_run(version: str) -> dict | None:
     sources, else None."""
     runs = json.loads((ROOT / "results" / "kernels_compile.json").read_text())["runs"]
     run = runs.get(f"triton {version} sm_90")
-    if run is None or run.get("sources_sha256") != _compile_script().sources_sha256():
+    if run is None or run.get("sources_sha256") != load_script("compile_kernels").sources_sha256():
         return None
     return run
 
@@ -107,7 +100,7 @@ def test_every_kernel_compiles_for_sm90_with_triton_3_6(tmp_path):
 def test_the_sources_hash_covers_every_kernel_module_and_changes_with_them(tmp_path, monkeypatch):
     """A recorded compile stands in for a new one only while sources_sha256 is unchanged: it must cover every module
     with Triton kernels, and any edit to one of them must change it."""
-    script = _compile_script()
+    script = load_script("compile_kernels")
     files = {str(p.relative_to(ROOT)) for p in script.kernel_sources()}
     for module in script.kernel_modules():
         path = module.replace(".", "/")

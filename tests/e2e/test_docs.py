@@ -2,7 +2,6 @@
 through Hydra with the schema check, or parsed by its script's argparse), the checker itself catches a planted bad
 command with its file and line, the README stays within 250 lines with its headline table equal to what
 `make figures` writes, every relative link resolves, and `run.py --help` / `make help` list what exists."""
-import importlib.util
 import re
 import subprocess
 import sys
@@ -10,16 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def check_docs():
-    spec = importlib.util.spec_from_file_location("check_docs", ROOT / "scripts" / "check_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["check_docs"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("check_docs")
 
 
 def failures(check_docs, paths):

@@ -31,6 +31,15 @@ def run(shared_models, capsys):
     return lambda args, runs_dir: run_inprocess(args, runs_dir, capsys)
 
 
+def assert_one_line_error(result, expected):
+    """Nothing but a one-line failure: the expected text on stderr, no traceback, at most one `error: ` line (the
+    harness's), holding the expected text."""
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) <= 1 and (not ours or expected in ours[0]), result.stderr
+
+
 def the_run_dir(tmp_path):
     dirs = [p for p in tmp_path.iterdir() if (p / "config.yaml").exists()]
     assert len(dirs) == 1, dirs
@@ -118,10 +127,7 @@ def test_the_command_line_gives_one_line_errors_and_a_nonzero_exit(tmp_path, arg
     """The command-line contract, in a process of its own: a nonzero exit, no traceback, at most one `error: ` line."""
     result = subprocess_run(TINY + args, tmp_path)
     assert result.returncode != 0
-    assert expected in result.stderr
-    assert "Traceback" not in result.stderr
-    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(ours) <= 1 and (not ours or expected in ours[0]), result.stderr
+    assert_one_line_error(result, expected)
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -147,10 +153,7 @@ def test_bad_input_gives_one_line_error_and_nonzero_exit(tmp_path, run, args, ex
     base = [a for a in TINY if not any(b.startswith(a.split("=")[0].split(".")[0] + "=") for b in args)]
     result = run(base + args, tmp_path)
     assert result.returncode == 2
-    assert expected in result.stderr
-    assert "Traceback" not in result.stderr
-    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(ours) <= 1 and (not ours or expected in ours[0]), result.stderr  # the harness's errors: one line
+    assert_one_line_error(result, expected)
 
 
 @pytest.fixture(scope="module")

@@ -55,13 +55,10 @@ def test_decode_cap_caps_generation_and_leaves_the_prompt(tmp_path):
 
 def test_collect_runs_copies_finished_runs_by_method_and_budget(tmp_path, capsys):
     import json
-    import sys
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import collect_runs
-    finally:
-        sys.path.pop(0)
+    from tests.helpers import load_script
+
+    collect_runs = load_script("collect_runs")
 
     def run(name, method, budget, n_pred, n_expected=2):
         d = tmp_path / "runs" / name
