@@ -26,9 +26,9 @@ step of one layer, all heads, with fresh random K/V (never zeros):
                            rotated by a Llama RoPE (theta 500,000), its and LRQK's misses read from pinned host memory
   oracle_token_topk        the token Oracle's exact top-`budget` per query head (logits over every key, torch.topk)
                            + the fused sparse decode: what an exact top-k costs
-LOCKS uses the harness's fair budget through a real `LocksSelector` (its `plan`: sink page + recent 64 tokens (4
-pages) + partial page + top-k pages, 123 at budget 2048; candidates are the pages between the sink and the recent
-pages), and its reference step is that selector's own `select` (backend torch); Quest's page budget is
+LOCKS uses the harness's fair budget through a real `LocksSelector` (its `plan`: the partial page + the top-k
+pages, 128 at budget 2048, every complete page a candidate; --sink-pages and --recent add the harness's options),
+and its reference step is that selector's own `select` (backend torch); Quest's page budget is
 `QuestSelector.page_budget`. Nothing here restates a selection rule.
 
 Timing: CUDA events around each step, warm-up first, median of --reps (>= 20) steps; every method is captured in a
@@ -118,8 +118,8 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, nargs="+", default=[1, 4])
     p.add_argument("--budget", type=int, default=2048, help="tokens attended by LOCKS / Quest (fair mode)")
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--recent", type=int, default=64, help="LOCKS recent window (tokens)")
-    p.add_argument("--sink-pages", type=int, default=1)
+    p.add_argument("--recent", type=int, default=0, help="LOCKS recent window (tokens; 0, as conf/method/locks.yaml)")
+    p.add_argument("--sink-pages", type=int, default=0, help="LOCKS sink pages (0, as conf/method/locks.yaml)")
     p.add_argument("--reps", type=int, default=30, help="timed steps per method (median; >= 20 on GPU)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)

@@ -79,6 +79,12 @@ def mcnemar_p(n10: int, n01: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def mcnemar_p_greater(n10: int, n01: int) -> float:
+    """Exact one-sided McNemar p-value for "a is better than b": P(X >= n10), X ~ Binomial(n10 + n01, 1/2)."""
+    n = n10 + n01
+    return sum(math.comb(n, i) for i in range(n10, n + 1)) / 2 ** n
+
+
 def _log_factorials(n: int) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1)))])
 
@@ -162,23 +168,25 @@ def _sign_flip_p(diffs_by_task: dict[str, np.ndarray], rng) -> float:
 
 def paired_comparison(a: dict[str, float], b: dict[str, float], task_of: dict[str, str]) -> dict:
     """a vs b on the samples both have: the suite difference (a - b) with its 95% bootstrap interval, the test used,
-    its p-value and the number of paired samples."""
+    its p-value and the number of paired samples; for 0/100 scores also the share of discordant pairs and the
+    one-sided p-value of "a above b" (`p_greater`, exact McNemar)."""
     common = sorted(set(a) & set(b))
     if not common:
-        return {"n": 0, "diff": None, "lo": None, "hi": None, "p": None, "test": None}
+        return {"n": 0, "diff": None, "lo": None, "hi": None, "p": None, "test": None, "p_greater": None}
     diffs = {sid: float(a[sid]) - float(b[sid]) for sid in common}
     groups = _by_task(diffs, task_of)
     rng = np.random.default_rng(SEED)
     boot = _bootstrap_suite(groups, rng)
     lo, hi = np.quantile(boot, [ALPHA / 2, 1 - ALPHA / 2])
     binary = all(float(x[sid]) in (0.0, 100.0) for x in (a, b) for sid in common)
-    discordant = None
+    discordant = p_greater = None
     if binary:
         n10 = sum(a[s] > b[s] for s in common)
         n01 = sum(a[s] < b[s] for s in common)
         p, test = mcnemar_p(n10, n01), "mcnemar"
         discordant = (n10 + n01) / len(common)
+        p_greater = mcnemar_p_greater(n10, n01)
     else:
         p, test = _sign_flip_p(groups, rng), "sign-flip"
     return {"n": len(common), "diff": suite_mean(diffs, task_of), "lo": float(lo), "hi": float(hi), "p": p,
-            "test": test, "discordant": discordant}
+            "test": test, "discordant": discordant, "p_greater": p_greater}

@@ -1,6 +1,6 @@
 """RULER at the write-up's budget-to-context ratio: Gemma 3 270M (the second embedded model, 3 of 18 layers full
-attention) on niah_single_2 at 16,384 tokens in the World English Bible haystack, every method x budgets 128, 256,
-512 (128 / 16K = 0.8 %, 256 / 16K = 1.6 % = 2048 / 128K). Tables with 95% bootstrap intervals and paired tests,
+attention) on niah_single_2 at 16,384 tokens in the World English Bible haystack, every method x budgets 64, 128,
+256, 512, LOCKS and the page Oracle also at 1024 and 2048 (128 / 16K = 0.8 %, 256 / 16K = 1.6 % = 2048 / 128K). Tables with 95% bootstrap intervals and paired tests,
 score and coverage vs budget, bytes and tokens, the efficiency table with the per-layer-type byte split.
 
 Input: results/ruler_gemma3_16k/*.json (one metrics.json per run, named <method>[_b<budget>].json).
@@ -16,7 +16,8 @@ NAME = "ruler_gemma3_16k"
 DIR = "ruler_gemma3_16k"
 COMMAND = ("make gemma; python run.py -m hydra/launcher=grouped hydra.launcher.skip_invalid=true model=gemma3_270m "
            "benchmark.context_length=16384 method=fullkv,oracle,oracle_token,locks,quest,shadowkv,rocketkv,lrqk "
-           "budget=128,256,512 benchmark.num_samples=24 logger=none paths.runs_dir=outputs/ruler_gemma3_16k "
+           "budget=64,128,256,512 benchmark.num_samples=24 logger=none paths.runs_dir=outputs/ruler_gemma3_16k, the same "
+           "with method=locks,oracle budget=1024,2048 "
            "(then python scripts/collect_runs.py outputs/ruler_gemma3_16k results/ruler_gemma3_16k)")
 
 

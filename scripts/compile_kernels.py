@@ -75,7 +75,7 @@ BUDGETS = (64, 128, 512, 2048)
 BATCHES = (1, 4)
 PAGE = 16
 RANK = 8  # conf/method/locks.yaml
-SINK_PAGES, RECENT_PAGES = 1, 4  # conf/method/locks.yaml: sink_pages 1, recent_window 64 tokens
+SINK_PAGES, RECENT_PAGES = 0, 0  # conf/method/locks.yaml: sink_pages 0, recent_window 0 (the partial page only)
 BENCH_SHAPES = ("llama-3.1-8b", "glm-4-9b")
 BENCH_CONTEXTS = (131072, 1048576)
 

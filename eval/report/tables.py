@@ -84,6 +84,33 @@ def score_bytes_markdown(unit: pd.DataFrame, title: str) -> str:
               f"decode step over all layers. † {FULLKV_NOTE}\n")
 
 
+def forced_scored_pivot(unit: pd.DataFrame) -> pd.DataFrame:
+    """Rows = method labels, columns = budgets, cells `forced + scored` tokens per KV head and decode step (means over
+    steps and layers; scored = attended - forced: what the method chose by score). FullKV's run in every column."""
+    budgets = budgets_of(unit)
+    cols = [str(b) for b in budgets]
+    rows = {}
+    for label in ordered_labels(unit):
+        row = {}
+        for _, r in unit[unit["label"] == label].iterrows():
+            forced, attended = r.get("forced_tokens_per_step"), r["attended_tokens_per_step"]
+            if forced is None or pd.isna(forced) or pd.isna(attended):
+                continue
+            cell = f"all {attended:.0f}" if pd.isna(r["budget"]) else f"{forced:.0f} + {attended - forced:.0f}"
+            row.update({c: cell for c in cols} if pd.isna(r["budget"]) else {str(int(r["budget"])): cell})
+        rows[label] = row
+    out = pd.DataFrame.from_dict(rows, orient="index", columns=cols)
+    out.index.name = "method"
+    return out.rename(columns=lambda c: f"b={c}")
+
+
+def forced_scored_markdown(unit: pd.DataFrame, title: str) -> str:
+    return (f"## {title}: forced + scored tokens per KV head and decode step\n\n" + to_markdown(forced_scored_pivot(unit))
+            + "\n\nforced = tokens attended without being chosen by score (the method's always-attended set, "
+              "docs/budgets.md); scored = the rest of the attended tokens; means over decode steps and full-attention "
+              "layers (for a per-query-head method, the union over its query heads).\n")
+
+
 def task_tables(unit: pd.DataFrame) -> dict:
     """budget (or None when the unit has no budgets) -> rows = method labels, columns = tasks + average + n; FullKV's
     run appears in every budget's table."""

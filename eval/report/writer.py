@@ -33,6 +33,7 @@ from eval.report.runs import (
 from eval.report.statistics import STATS_NOTE, display_table, statistics_table, with_intervals
 from eval.report.tables import (
     efficiency_table,
+    forced_scored_markdown,
     score_bytes_markdown,
     score_pivot,
     scores_latex,
@@ -84,6 +85,9 @@ def write_unit(unit: pd.DataFrame, out_dir: Path, title: str, prefix: str = "", 
     if unit["bytes_read_per_step"].notna().any():
         written.append(out_dir / f"{prefix}score_bytes{suffix}.md")
         written[-1].write_text(score_bytes_markdown(unit, title))
+    if unit["forced_tokens_per_step"].notna().any():
+        written.append(out_dir / f"{prefix}forced_tokens{suffix}.md")
+        written[-1].write_text(forced_scored_markdown(unit, title))
     written += write_efficiency(unit, out_dir / f"{prefix}efficiency{suffix}", title)
     written += save_figure(plot_score_vs_budget(unit, title), out_dir / f"{prefix}score_vs_budget{suffix}")
     written += save_figure(plot_task_heatmap(unit, title), out_dir / f"{prefix}task_heatmap{suffix}")

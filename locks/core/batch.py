@@ -89,11 +89,13 @@ class RowBatch(Cache):
             row.set_static_position(row.get_seq_length())
         self.phase = "decode_static"
         self.static_position = self.rows[0].static_position
+        self.static_host_step = False
 
     def set_static_position(self, positions: list[int]) -> None:
         for row, live, position in zip(self.rows, self.live, positions):
             if live:
                 row.set_static_position(position)
+        self.static_host_step = any(row.static_host_step for row, live in zip(self.rows, self.live) if live)
 
     def finish_static_step(self) -> None:
         for row, live in zip(self.rows, self.live):

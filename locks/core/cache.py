@@ -308,6 +308,7 @@ class SelectorCache(Cache):
         self.static_diagnostics = [torch.zeros(len(layer.selector.diagnostic_names), 2, dtype=torch.float64,
                                                device=device) for layer in self.layers]
         self.static_steps = 0
+        self.static_host_step = False
         for layer in self.layers:
             layer._grow(capacity, exact=True)
             layer.static_position = self.static_position
@@ -344,26 +345,24 @@ class SelectorCache(Cache):
                 t.copy_(value)
 
     def set_static_position(self, position: int) -> None:
-        """Before a static step: the new token goes to slot `position`, so `position + 1` tokens are valid."""
+        """Before a static step: the new token goes to slot `position`, so `position + 1` tokens are valid.
+        `static_host_step` then says whether a selector does host work inside this step (it runs outside the graph)."""
         if position >= self.capacity:
             raise ConfigError(f"static decode ran out of preallocated cache ({self.capacity} tokens)")
         self.static_position.fill_(position)
         self.static_length.fill_(position + 1)
+        needs_host = [layer.selector.prepare_static_step(position + 1) for layer in self.layers]
+        self.static_host_step = any(needs_host)
 
     def finish_static_step(self) -> None:
         """After a static step (outside the graph): advance the host-side lengths, let each selector do its host
-        upkeep (e.g. summarize a page the step completed) and account the step."""
+        upkeep (e.g. LRQK moves a full ring to its cold store) and account the step."""
         self.static_steps += 1
         for layer in self.layers:
             layer.length += 1
         L = self.layers[0].length
-        by_method: dict[type, list[SelectorLayer]] = {}
-        for layer in self.layers:
-            by_method.setdefault(type(layer.selector), []).append(layer)
-        for method, layers in by_method.items():
-            method.after_static_steps([la.selector for la in layers], [la._k for la in layers],
-                                      [la._v for la in layers], L)
         for layer, info in zip(self.layers, self.infos):
+            layer.selector.after_static_step(layer._k, layer._v, L)
             forced, metadata, attended, *kv = layer.selector.static_step_cost(L)
             attended = attended or 0.0  # None: counted on the device, folded in by finish_static
             context = L if info.sliding_window is None else min(L, info.sliding_window)

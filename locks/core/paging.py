@@ -3,12 +3,13 @@
 Pages are `page_size` consecutive tokens; only complete pages are candidates. A subclass supplies per-query-head
 page scores S [B, Hq, P] (LOCKS: log-sum-exp of reconstructed logits; Oracle: exact page log-mass).
 
-Forced set F (`docs/methods/locks.md` A3.1): the partial page (it has no summary), the sink page(s) and the complete pages
-of the last `recent_window` tokens. In `fair` mode the budget counts F: the partial page first, then sink pages, then
-recent pages newest first, each only while it fits, and the remaining budget // page_size pages are chosen by score
-(so the attended tokens never exceed `budget`; issue #2 overrides the spec's "128 pages + F"). In `paper` mode
-budget // page_size pages are chosen by score among all complete pages and only the partial page is forced (it
-cannot be scored; A2 attends it densely), so attended tokens may exceed the budget by at most page_size - 1.
+Forced set F (`docs/methods/locks.md`, "Forced set"): the partial page, which has no summary (A2 attends it densely);
+nothing else by default, as in the write-up. Two harness options, off by default, add the first `sink_pages` pages
+and the complete pages of the last `recent_window` tokens (ablations). In `fair` mode the budget counts F: the
+partial page first, then sink pages, then recent pages newest first, each only while it fits, and the remaining
+(budget - |F|) // page_size pages are chosen by score (so the attended tokens never exceed `budget`). In `paper` mode
+budget // page_size pages are chosen by score among all complete pages and only the partial page is forced, so
+attended tokens may exceed the budget by at most page_size - 1.
 
 GQA aggregation of S_g over the G query heads of a KV head (A3.3), with log Z_g = logsumexp_j S_{g,j} over the
 candidate pages (plus the forced set's exact log-mass when the subclass knows it):
@@ -176,7 +177,7 @@ class PageSelector(Selector):
     diagnostic_names = ("certificate", "plugin_coverage", "certificate_sound")  # the last with measured coverage
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
-                 recent_window: int = 64, sink_pages: int = 1, aggregation: str = "norm"):
+                 recent_window: int = 0, sink_pages: int = 0, aggregation: str = "norm"):
         super().__init__(info, budget, budget_mode)
         if not log2_is_int(page_size):
             raise ConfigError(f"method.page_size must be a power of two (got {page_size})")
@@ -286,9 +287,6 @@ class PageSelector(Selector):
         n, S, R = self.page_size, self.sink_pages, self.recent_pages
         if self.budget_mode != "fair":
             return f"{self.name}: static decode implements budget_mode=fair"
-        if R < 1:
-            # the page a step completes is summarized after the step, so it must be a forced (recent) page then
-            return f"{self.name}: static decode needs recent_window >= 1"
         if self.budget < (S + R + 2) * n:
             return (f"{self.name}: static decode needs budget >= (sink_pages + ceil(recent_window / page_size) + 2) "
                     f"* page_size = {(S + R + 2) * n} (got {self.budget})")

@@ -12,8 +12,9 @@ the method:
 Static decode (a decode step captured once as a CUDA graph and replayed, `locks/core/static_decode.py`) drives a selector
 through a second set of hooks over a cache preallocated for the whole generation: `start_static(capacity)` once
 after the prefill, then per step `select_static(query, keys, values, length)` inside the graph (fixed shapes, the
-valid length only as a device tensor, no host reads), and `after_static_step(keys, values, length)` outside it
-(Python-side upkeep such as building a completed page's summary) with `static_step_cost(length)` for the
+valid length only as a device tensor, no host reads), `prepare_static_step(length)` before it (a step that needs
+host work inside, such as summarizing the page it completes, runs outside the graph), and
+`after_static_step(keys, values, length)` after it (Python-side upkeep) with `static_step_cost(length)` for the
 accounting. A selector that does not implement them says why in `static_decode_error()`.
 
 Budget convention (`docs/budgets.md`): `budget` = tokens whose exact K/V enter the softmax, forced tokens included,
@@ -226,6 +227,12 @@ class Selector(ABC):
     def start_static(self, capacity: int) -> None:
         """After the prefill: preallocate whatever state grows with the context for `capacity` cached tokens."""
 
+    def prepare_static_step(self, length: int) -> bool:
+        """Before a static step that ends with `length` cached tokens (the new one included), on the host: True when
+        this step does host work inside `select_static` (e.g. summarizing the page it completes before scoring it),
+        so it cannot be a replay of the captured graph and runs outside it. Default: False."""
+        return False
+
     def select_static(self, query: Tensor, keys: Tensor, values: Tensor, length: Tensor) -> Selection:
         """Inside the captured step: keys/values are the preallocated cache [B, Hkv, capacity, d] whose first
         `length` ([1] int64 on the device, the new token included) slots are valid. The result must have the same
@@ -244,14 +251,6 @@ class Selector(ABC):
 
     def after_static_step(self, keys: Tensor, values: Tensor, length: int) -> None:
         """Outside the graph, after each step: the cache now holds `length` tokens."""
-
-    @classmethod
-    def after_static_steps(cls, selectors: list["Selector"], keys: list[Tensor], values: list[Tensor],
-                           length: int) -> None:
-        """`after_static_step` of every layer using this method at once (a method may batch the work over layers).
-        Default: one call per layer."""
-        for selector, k, v in zip(selectors, keys, values):
-            selector.after_static_step(k, v, length)
 
     def static_step_cost(self, length: int) -> tuple:
         """(forced tokens per KV head, metadata bytes over KV heads, attended tokens per KV head[, K/V bytes]) of the

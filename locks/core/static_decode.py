@@ -3,8 +3,10 @@
 An eager transformers step re-runs Python for every layer and launches hundreds of small kernels, which at batch 1
 hides any attention saving (gpt-fast's lesson). After the prefill the cache is preallocated for the whole generation
 (`SelectorCache.start_static`); the step reads its token, position and valid length from fixed device buffers and
-every selector's `select_static` has fixed shapes, so one capture serves every later step. Host-side upkeep (page
-summaries, accounting) runs between replays in `SelectorCache.finish_static_step`. Off CUDA the same static step runs
+every selector's `select_static` has fixed shapes, so one capture serves every later step. Host-side upkeep
+(accounting, LRQK's cold store) runs between replays in `SelectorCache.finish_static_step`. A step whose selection
+needs host work first (LOCKS summarizes the page the step completes before scoring it, as eager decoding does: one
+step in `page_size`) says so in `Selector.prepare_static_step` and runs outside the graph, over the same buffers. Off CUDA the same static step runs
 eagerly, so everything but the capture itself is exercised by the CPU tests. Bytes, attended and forced tokens,
 coverage and LOCKS's per-step certificate (A5.5) are accounted as in eager decoding; Quest's union-ratio metric is
 only computed by eager steps.
@@ -52,7 +54,7 @@ class StaticDecodeStep:
         else:
             self.position_ids.copy_(torch.tensor(position, dtype=torch.long).view(-1, 1))
         self.cache.set_static_position(position)
-        if self.cuda_graph:
+        if self.cuda_graph and not self.cache.static_host_step:
             if self.graph is None:
                 self._capture()
             self.graph.replay()
@@ -63,6 +65,9 @@ class StaticDecodeStep:
         return logits
 
     def _capture(self) -> None:
+        if self.cache.static_host_step:
+            raise RuntimeError("a static step with host work inside (e.g. a page summarized) cannot be captured; "
+                               "capture at a position whose step needs none")
         # Warm-up on a side stream (Triton compiles, cuBLAS allocates its workspace), then capture. A step at a fixed
         # position rewrites the same cache slot and metadata, so repeating it leaves the state of one step; only the
         # device-side counters accumulate, and they are restored.

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from locks.errors import ConfigError
-from locks.method.summaries import _quant_sym, _round_up, pack_int4, unpack_int4
+from locks.method.summaries import _quant_sym, _round_up, pack_int4, refit_coefficients, unpack_int4
 
 V_BITS = (8, 4, 2)
 V_GROUPS = (0, 32)
@@ -113,12 +113,7 @@ class SummaryLayout:
             vs = W.new_empty(c, r, 0, dtype=torch.float16)
         Wq = _v_rows(vrows, vs, self.v_group) * (1.0 if b is None else b)  # V^ transposed [c, r, d]
         DV = D @ Wq.mT
-        zero_col = (Wq.abs().amax(-1) == 0)  # masked (or quantized-to-zero) columns
-        if r:
-            A = Wq @ Wq.mT + torch.diag_embed(zero_col.to(torch.float32))
-            Cf = torch.linalg.solve(A, DV.mT).mT
-        else:
-            Cf = DV
+        Cf = refit_coefficients(Wq, DV, Wq.abs().amax(-1) == 0)  # zero: masked or quantized-to-zero columns
         cmax = 2 ** (self.c_bits - 1) - 1
         ci, t, _ = _quant_sym(Cf, cmax, dim=-2)  # t [c, 1, r]
         wc = (t.squeeze(-2) if b is None else b.squeeze(-1) * t.squeeze(-2)).to(_dtype(self.w_dtype))

@@ -34,7 +34,7 @@ class LocksSelector(PageSelector):
     display_name = "LOCKS"
     report_order = 3
 
-    def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=64, sink_pages=1,
+    def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=0, sink_pages=0,
                  aggregation="norm", quant="int", v_bits=4, v_group=0, c_bits=8, mu_format="head_int8",
                  w_dtype="fp32", log_z="exact"):
         super().__init__(info, budget, budget_mode, page_size, recent_window, sink_pages, aggregation)
@@ -101,16 +101,20 @@ class LocksSelector(PageSelector):
             self.prev_log_z = self._log_z_of(self._head_scores(query, plan.num_pages), candidates)
 
     def append(self, keys, values):
-        n = self.page_size
-        pages = keys.shape[2] // n
+        pages = keys.shape[2] // self.page_size
         if pages > self.pages_built:
-            new = build_summaries(keys[:, :, self.pages_built * n : pages * n], n, self.rank, self.quant,
-                                  head_mean=self.summaries.head_mean, layout=self.layout)
-            self.summaries = concat_summaries(self.summaries, new)
+            self.summaries = concat_summaries(self.summaries, self._summaries_to(keys, keys.shape[2]))
             self.pages_built = pages
+
+    def _summaries_to(self, keys, length):
+        """The summaries of the pages complete at `length` tokens that have none yet (A2)."""
+        n = self.page_size
+        return build_summaries(keys[:, :, self.pages_built * n : length // n * n], n, self.rank, self.quant,
+                               head_mean=self.summaries.head_mean, layout=self.layout)
 
     def start_static(self, capacity):
         super().start_static(capacity)
+        self.static_summarize_to = None  # prepare_static_step: the length whose new pages this step summarizes
         self.summaries = preallocate_summaries(self.summaries, self.static_pages)
         if self.log_z == "previous":
             B, dev = self.summaries.head_mean.shape[0], self.summaries.head_mean.device
@@ -146,28 +150,19 @@ class LocksSelector(PageSelector):
         used = exact if previous is None else torch.where(torch.isfinite(previous), previous, exact)
         return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates, log_z=used), exact
 
-    def after_static_step(self, keys, values, length):
-        self.after_static_steps([self], [keys], [values], length)
+    def prepare_static_step(self, length):
+        # A2: a page is summarized when its last token arrives, before the step that brought it scores (as eager
+        # decoding's `append` does); the build is host work (an eigendecomposition), so that step, one in page_size,
+        # runs outside the captured graph
+        self.static_summarize_to = length if not self.static_fits and length // self.page_size > self.pages_built else None
+        return self.static_summarize_to is not None
 
-    @classmethod
-    def after_static_steps(cls, selectors, keys, values, length):
-        # Pages complete on the host's schedule: a step that fills page j summarizes it here, after the step; j is a
-        # recent (forced) page at the next steps, so no step scores a page before its summary exists. All layers'
-        # new pages go through one build call, stacked on the head axis (pages are summarized independently).
-        todo = [(s, k) for s, k in zip(selectors, keys) if length // s.page_size > s.pages_built]
-        groups: dict[tuple, list] = {}
-        for s, k in todo:
-            groups.setdefault((s.page_size, s.rank, s.quant, s.layout, s.pages_built), []).append((s, k))
-        for (n, rank, quant, layout, built), members in groups.items():
-            pages = length // n
-            new = build_summaries(torch.cat([k[:, :, built * n : pages * n] for _, k in members], dim=1), n, rank,
-                                  quant, head_mean=torch.cat([s.summaries.head_mean for s, _ in members], dim=1),
-                                  layout=layout)
-            h = 0
-            for s, k in members:
-                write_summaries(s.summaries, new, built, heads=slice(h, h + k.shape[1]))
-                h += k.shape[1]
-                s.pages_built = pages
+    def select_static(self, query, keys, values, length):
+        if self.static_summarize_to is not None:
+            write_summaries(self.summaries, self._summaries_to(keys, self.static_summarize_to), self.pages_built)
+            self.pages_built = self.static_summarize_to // self.page_size
+            self.static_summarize_to = None
+        return super().select_static(query, keys, values, length)
 
     def static_candidate_scores(self, query, keys, length):
         if self.log_z == "previous":

@@ -117,6 +117,22 @@ def _round_up(x: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(below, torch.nextafter(y, torch.full_like(y, math.inf)), y)
 
 
+def refit_coefficients(Wq: Tensor, DV: Tensor, zero_col: Tensor) -> Tensor:
+    """C = D V^ (V^T V^)^-1 for quantized rows Wq [c, r, d] = V^T and DV = D @ Wq^T [c, n, r]. A 1 on the diagonal
+    of masked (zero) columns (zero_col [c, r]) makes their coefficients exactly 0. Where the quantized rows are
+    linearly dependent (low-bit V can round two columns to the same values), the page's system is singular and its
+    C is the minimal-norm least-squares fit, D V^ pinv(V^T V^)."""
+    if not Wq.shape[1]:
+        return DV
+    A = Wq @ Wq.mT + torch.diag_embed(zero_col.to(torch.float32))
+    Cf, info = torch.linalg.solve_ex(A, DV.mT)
+    Cf = Cf.mT
+    singular = info != 0
+    if bool(singular.any()):
+        Cf[singular] = DV[singular] @ torch.linalg.pinv(A[singular], hermitian=True)
+    return Cf
+
+
 def _quant_sym(x: Tensor, qmax: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
     """Symmetric per-slice quantization along `dim`: scale = max|x|/qmax (fp32), q = clip(round_half_even(x/scale)).
 
@@ -379,11 +395,7 @@ def _quantize_chunk(out: dict, i: int, X: Tensor, D: Tensor, mu: Tensor, W: Tens
     # C refit against V^: C = D V^ (V^T V^)^-1; a 1 on the diagonal of masked (zero) columns makes their
     # coefficients exactly 0 and keeps the r x r system regular.
     DV = D @ Wq.mT  # [c, n, r]
-    if r:
-        A = Wq @ Wq.mT + torch.diag_embed(zero_col.squeeze(-1).to(f32))
-        Cf = torch.linalg.solve(A, DV.mT).mT
-    else:
-        Cf = DV
+    Cf = refit_coefficients(Wq, DV, zero_col.squeeze(-1))
     ci, t, _ = _quant_sym(Cf, C_QMAX, dim=-2)  # t [c, 1, r]
     wc = b.squeeze(-1) * t.squeeze(-2)
 
@@ -503,14 +515,13 @@ def preallocate_summaries(s: Summaries, pages: int) -> Summaries:
     return type(s)(**out)
 
 
-def write_summaries(dst: Summaries, src: Summaries, start: int, heads: slice = slice(None)) -> None:
-    """Copy the pages of `src` (its heads `heads`) into `dst` at pages [start, start + src.num_pages), in place
-    (same head_mean)."""
+def write_summaries(dst: Summaries, src: Summaries, start: int) -> None:
+    """Copy the pages of `src` into `dst` at pages [start, start + src.num_pages), in place (same head_mean)."""
     if type(dst) is not type(src):
         raise TypeError(f"cannot write {type(src).__name__} into {type(dst).__name__}")
     for f in fields(dst):
         if f.name != "head_mean" and isinstance(getattr(dst, f.name), Tensor):
-            getattr(dst, f.name)[:, :, start : start + src.num_pages] = getattr(src, f.name)[:, heads]
+            getattr(dst, f.name)[:, :, start : start + src.num_pages] = getattr(src, f.name)
 
 
 def dequantize(s: QuantizedPageSummaries) -> tuple[Tensor, Tensor, Tensor]:

@@ -173,7 +173,8 @@ def triton_launches(monkeypatch):
 
 def traced_steps(model, method, budget, options, backend, positions, launches=None):
     """Prefill, then static steps up to max(positions); the captured region (`StaticDecodeStep.forward`) of the
-    steps at `positions` is traced."""
+    steps at `positions` is traced -> {position: (aten ops, Triton launches, whether the step runs outside the
+    graph)}."""
     ids = prompt()
     cache = SelectorCache(model, MethodSpec(method, budget, options, backend=backend), measure_coverage=True)
     with torch.inference_mode():
@@ -190,7 +191,7 @@ def traced_steps(model, method, budget, options, backend, positions, launches=No
                     launches.clear()
                 with StepTrace() as trace:
                     logits = step.forward()
-                traces[position] = (trace.ops, list(launches or []))
+                traces[position] = (trace.ops, list(launches or []), cache.static_host_step)
             else:
                 logits = step.forward()
             cache.finish_static_step()
@@ -199,9 +200,11 @@ def traced_steps(model, method, budget, options, backend, positions, launches=No
 
 
 def check_replayable(traces):
-    (p0, (ops0, launches0)), *rest = sorted(traces.items())
+    """The steps a graph replays (all but those that run outside it) launch the same ops, with no host sync."""
+    (p0, (ops0, launches0, _)), *rest = sorted((p, t) for p, t in traces.items() if not t[2])
+    assert rest, "fewer than two graph steps traced"
     assert not [op for op in ops0 if op[0].startswith(SYNC_OPS) or op[0].startswith("boolean")], "host sync in step"
-    for p, (ops, launches) in rest:
+    for p, (ops, launches, _) in rest:
         assert len(ops) == len(ops0), (p0, p)
         for i, (a, b) in enumerate(zip(ops0, ops)):
             assert a == b, f"op {i} differs between the steps at {p0} and {p}: {a} vs {b}"
@@ -209,8 +212,19 @@ def check_replayable(traces):
 
 
 # 301-token prompt: 18 complete pages + 13 tokens. Traced steps: tail 13 (first step), page completed at 320
-# (tail 0: one more top-k page fits), a later tail, and the first step after the 20th page was summarized.
+# (tail 0: one more top-k page fits; LOCKS summarizes that page inside the step, which so runs outside the graph),
+# a later tail, and the first step after the 20th page was summarized.
 POSITIONS = (301, 319, 325, 336)
+
+
+@pytest.mark.parametrize("method,budget,options", CASES)
+def test_only_a_step_that_completes_a_summarized_page_runs_outside_the_graph(tiny, method, budget, options):
+    """LOCKS summarizes a page when its last token arrives, before that step scores (A2, as eager decoding): that
+    step, one in page_size, runs outside the graph; every other step, and every step of the other methods, is a
+    replay."""
+    traces = traced_steps(tiny, method, budget, options, "torch", tuple(range(301, 340)))
+    host = sorted(p for p, (_, _, outside) in traces.items() if outside)
+    assert host == ([p for p in range(301, 340) if (p + 1) % 16 == 0] if method == "locks" else [])
 
 
 @pytest.mark.parametrize("method,budget,options", CASES)
@@ -220,8 +234,8 @@ def test_static_step_is_replayable_torch(tiny, method, budget, options):
 
 @pytest.mark.parametrize("method", ["fullkv", "locks", "quest", "rocketkv"])
 def test_static_step_is_replayable_triton(tiny, method, triton_launches):
-    traces = traced_steps(tiny, method, 128, {}, "triton", (301, 319, 320), triton_launches)
-    assert all(launches for _, launches in traces.values())  # the fused kernels ran inside the step
+    traces = traced_steps(tiny, method, 128, {}, "triton", (301, 319, 320, 321), triton_launches)
+    assert all(launches for _, launches, _ in traces.values())  # the fused kernels ran inside the step
     check_replayable(traces)
 
 
@@ -234,7 +248,7 @@ def test_static_decode_choice_and_errors(tiny):
         use_static_decode("yes", cache, "cpu")
     oracle = SelectorCache(tiny, MethodSpec("oracle", 128))
     assert use_static_decode("auto", oracle, "cuda") is False  # falls back to eager
-    for method, budget, options, match in [("oracle", 128, {}, "oracle"), ("locks", 64, {}, "page_size = 112 .got 64"),
+    for method, budget, options, match in [("oracle", 128, {}, "oracle"), ("locks", 16, {}, "page_size = 32 .got 16"),
                                            ("locks", 128, {"budget_mode": "paper"}, "budget_mode=fair"),
                                            ("quest", 128, {"page_rule": "eval"}, "page_rule=kernel"),
                                            ("lrqk", 512, {}, "this sample: lrqk: .* max.top_k, rank. = 448")]:
@@ -302,7 +316,7 @@ def test_static_step_compiles_as_one_graph(tiny, method, budget, options):
     if DEV.type == "cuda":
         pytest.skip("the CUDA tests capture real graphs")
     ids = prompt()
-    start = ids.shape[1] + 2
+    start = ids.shape[1] + 4  # steps at 306 and 307 cached tokens: graph steps (a LOCKS step at 304 runs outside)
     with torch.inference_mode():
         compiled_cache, compiled_step, token = _static_cache_at(tiny, method, budget, options, ids, start)
         plain_cache, plain_step, plain_token = _static_cache_at(tiny, method, budget, options, ids, start)
@@ -314,6 +328,7 @@ def test_static_step_compiles_as_one_graph(tiny, method, budget, options):
                 step.input_ids.copy_(token.view(1, 1))
                 step.position_ids.fill_(position)
                 cache.set_static_position(position)
+                assert not cache.static_host_step
             compiled = forward()
             plain = plain_step.forward()
             compiled_cache.finish_static_step()
@@ -343,3 +358,41 @@ def test_warm_up_runs_of_a_step_change_nothing(tiny, method, budget, options, mo
     assert torch.equal(out, plain_out)
     assert cache.stats.summary() == plain.stats.summary()
     assert cache.extra_metrics() == pytest.approx(plain.extra_metrics(), rel=1e-12)
+
+
+def test_the_graph_replays_every_step_but_those_that_run_outside_it(tiny):
+    """What StaticDecodeStep does on CUDA, with a stand-in for the captured graph: LOCKS's steps that complete a page
+    (one in 16) call the step, every other step replays the graph (captured once, at a step that needs no host
+    work); capturing a step that needs host work is refused."""
+    import types
+
+    ids = prompt()
+    cache = SelectorCache(tiny, MethodSpec("locks", 128))
+    ran = []
+    with torch.inference_mode():
+        cache.phase = "prefill"
+        token = tiny(input_ids=ids, cache=cache, sparse_cache=cache).logits[:, -1].argmax(-1)
+        step = StaticDecodeStep(tiny, cache, 1, ids.shape[1] + 40)
+        step.cuda_graph = True
+        forward = step.forward
+
+        def called():
+            ran.append(("call", cache.layers[0].length + 1))
+            return forward()
+
+        def capture():
+            assert not cache.static_host_step
+            step.logits = forward()
+            step.graph = types.SimpleNamespace(replay=lambda: ran.append(("replay", cache.layers[0].length + 1)))
+
+        step.forward, step._capture = called, capture
+        for position in range(ids.shape[1], ids.shape[1] + 35):
+            token = step(token, position).argmax(-1)
+        assert ran == [("call" if length % 16 == 0 else "replay", length) for length in range(302, 337)]
+        cache.set_static_position(ids.shape[1] + 35)  # 336 + 1 = 337: a graph step
+        assert not cache.static_host_step
+        cache.layers[0].selector.pages_built -= 1  # as if a page were still to summarize
+        cache.set_static_position(ids.shape[1] + 35)
+        assert cache.static_host_step
+        with pytest.raises(RuntimeError, match="cannot be captured"):
+            StaticDecodeStep._capture(step)

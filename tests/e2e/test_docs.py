@@ -137,3 +137,20 @@ def test_make_help_lists_every_target():
     assert out.returncode == 0, out.stderr
     phony = re.search(r"^\.PHONY: (.+)$", (ROOT / "Makefile").read_text(), flags=re.M).group(1).split()
     assert sorted(re.findall(r"^  make (\S+)", out.stdout, flags=re.M)) == sorted(phony)
+
+
+def test_budgets_page_shows_the_forced_tokens_that_make_figures_writes():
+    """docs/budgets.md's forced + scored table is forced_scored_markdown of the committed default suite, and under the
+    default configuration LOCKS and the page Oracle force only the partial page (under 16 tokens per step)."""
+    from eval import report
+    from eval.report.tables import forced_scored_markdown
+    from paper_figs.common import runs_in
+
+    df = runs_in(ROOT / "results" / "ruler_embedded")
+    [(_, group)] = list(report.groups(df))
+    [(_, unit)] = list(report.units(group))
+    table = [ln for ln in forced_scored_markdown(unit, "t").splitlines() if ln.startswith("|")]
+    assert len(table) == 2 + unit["label"].nunique()
+    assert "\n".join(table) in (ROOT / "docs" / "budgets.md").read_text()
+    pages = unit[unit["method"].isin(["locks", "oracle"])]
+    assert len(pages) == 8 and (pages["forced_tokens_per_step"] < 16).all()

@@ -106,7 +106,9 @@ def test_a_group_at_batch_3_writes_what_separate_runs_at_batch_1_write(separate,
     rows (in the order the samples finished) and metrics, up to the float rounding of the batched model. LRQK
     selects by a tolerance-stopped solver whose basis is updated every step, so that rounding can flip a near-tie
     of its scores in float32 and its hit/miss and attended counts differ slightly (up to 1.1 % on this random model);
-    in float64 they are equal too (tests/core/test_batch.py). Its predictions and scores must still be equal."""
+    in float64 they are equal too (tests/core/test_batch.py). Such a flip can also change a later generated token of
+    the random model (seen on an AMD EPYC machine): for at most one LRQK sample the rows then differ from that token
+    on, and must still agree on their first word and score; the run's score must be equal."""
     from eval.sweep import run_group
 
     runs = tmp_path / "batched"
@@ -117,11 +119,22 @@ def test_a_group_at_batch_3_writes_what_separate_runs_at_batch_1_write(separate,
     for name in want:
         mine = {r["id"]: r for r in rows(got[name])}
         assert len(mine) == len(rows(got[name]))
+        theirs = {r["id"]: r for r in rows(want[name])}
         rel = 5e-2 if "_lrqk_" in name else 1e-6
-        assert_records_close(mine, {r["id"]: r for r in rows(want[name])}, name, rel=rel)
+        if "_lrqk_" in name:  # a float32 near-tie may change a later token (docstring): the first word and score hold
+            for key in set(mine) & set(theirs):
+                a, b = mine[key]["prediction"], theirs[key]["prediction"]
+                if a != b:  # the rows decoded different tokens from the flip on: their step metrics differ too
+                    assert a.split()[:1] == b.split()[:1] and mine[key]["score"] == theirs[key]["score"], (name, key)
+                    mine.pop(key), theirs.pop(key)
+            assert len(mine) >= len(rows(want[name])) - 1  # at most one sample flipped
+        assert_records_close(mine, theirs, name, rel=rel)
         batched, alone = metrics(got[name]), metrics(want[name])
         assert batched.pop("batch_size") == 3 and alone.pop("batch_size") == 1
-        assert_records_close(batched, alone, name, rel=rel)
+        if "_lrqk_" not in name or len(mine) == len(rows(want[name])):  # a flipped sample moves the run's means
+            assert_records_close(batched, alone, name, rel=rel)
+        else:
+            assert batched["average"] == alone["average"], name
 
 
 def test_group_jobs_by_everything_but_method_and_budget():

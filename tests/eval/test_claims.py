@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -37,7 +38,7 @@ def run(method, budget, correct, coverage=None, sound=None):
 
 
 def write_results(root: Path, locks_sound: float = 1.0) -> Path:
-    d = root / claims.RULER_DIR
+    d = root / "ruler_embedded"
     d.mkdir(parents=True)
     runs = {"fullkv": run("fullkv", None, 38),
             "oracle_b64": run("oracle", 64, 30, coverage=0.80), "oracle_b128": run("oracle", 128, 36, coverage=0.90),
@@ -50,7 +51,8 @@ def write_results(root: Path, locks_sound: float = 1.0) -> Path:
 
 
 def by_claim(table: pd.DataFrame) -> dict:
-    return {r.claim: r for r in table.itertuples()}
+    """Rows by claim, without the suite a RULER row names ("... (SmolLM2-135M-Instruct, RULER ... tokens)")."""
+    return {re.sub(r" \([^()]*RULER[^()]*tokens\)$", "", r.claim): r for r in table.itertuples()}
 
 
 def test_claims_from_fixture_runs(tmp_path):
@@ -66,6 +68,28 @@ def test_claims_from_fixture_runs(tmp_path):
     assert cert.verdict == "holds" and "over 2 runs, 80 samples" in cert.measured
     assert all(r.verdict == "not measured" for c, r in rows.items() if "speedup" in c)  # no results/gpu here
     assert all("ruler_embedded" in r.source for c, r in rows.items() if "collapses" in c)
+    assert all(r.configuration for r in rows.values())  # every row names its configuration
+    assert "LOCKS b=64 fair, forced: the partial page, sink_pages=1, recent_window=64" in \
+        rows["LOCKS collapses at budget 64"].configuration  # the fixture's recorded options
+    # the write-up's parity claim: 30 vs 38 of 40 is a loss of 20 points, its interval far below -1
+    assert rows["LOCKS within about 1 point of FullKV at budget 64"].verdict == "does not hold"
+    assert rows["LOCKS within about 1 point of FullKV at budget 128"].verdict == "not separated"  # 35 vs 38
+    above = rows["LOCKS above FullKV at its largest budget, 128"]
+    assert above.verdict == "not separated" and "one-sided p=" in above.measured
+
+
+def test_locks_above_fullkv_is_a_one_sided_paired_test(tmp_path):
+    """LOCKS right on 8 samples where FullKV is wrong (and never the reverse): one-sided p = 2^-8 < 0.05, holds; the
+    parity row at that budget holds too (the interval's lower end is above -1)."""
+    d = tmp_path / "ruler_embedded"
+    d.mkdir()
+    full, locks = run("fullkv", None, 30), run("locks", 256, 38, coverage=0.9, sound=1.0)
+    for name, m in {"fullkv": full, "locks_b256": locks}.items():
+        (d / f"{name}.json").write_text(json.dumps(m))
+    rows = by_claim(claims.claims_table(tmp_path))
+    above = rows["LOCKS above FullKV at its largest budget, 256"]
+    assert above.verdict == "holds" and f"one-sided p={2 ** -8:.2g}" in above.measured
+    assert rows["LOCKS within about 1 point of FullKV at budget 256"].verdict == "holds"
 
 
 def test_an_unsound_certificate_is_reported(tmp_path):
@@ -77,6 +101,7 @@ def test_an_unsound_certificate_is_reported(tmp_path):
 def test_missing_results_are_not_measured(tmp_path):
     table = claims.claims_table(tmp_path)
     assert table.loc[table["claim"].str.startswith("RULER claims"), "verdict"].item() == "not measured"
+    assert table["configuration"].str.len().gt(0).all()
     assert (table.loc[table["claim"].str.startswith("bytes"), "verdict"] == "holds").all()
 
 
@@ -87,9 +112,8 @@ def test_bytes_model_matches_the_formula():
         L, budget, n = 1048576, claims.BYTES_BUDGET, 16
         full, locks = claims.step_bytes(shape, L)
         assert full == L * 2 * d * 2 * hkv
-        forced_pages = 1 + 64 // n  # one sink page + the recent window's pages
-        candidates = L // n - forced_pages
-        attended = budget  # fair mode: the forced set is inside the budget
+        candidates = L // n  # nothing forced but the partial page, empty at L = 2^20
+        attended = budget
         want = hkv * (candidates * (804 + 8) + (hq // hkv) * d * 2 + attended * 2 * d * 2)
         assert locks == want, (shape, locks, want)
 

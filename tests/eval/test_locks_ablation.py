@@ -84,6 +84,13 @@ def test_cells_are_the_conf_files_and_runs_find_theirs():
     assert locks_ablation.cell_of("locks", fp) == "page_8"
     assert locks_ablation.cell_of("locks", json.dumps({"rank": 7})) is None  # rank 7 at page 16: no cell
     assert locks_ablation.cell_of("quest", "{}") is None
+    # the harness's forced-set options, each its own cell; both on (the earlier default) is no cell
+    assert cells["sink_pages_1"][:2] == ("locks", {"sink_pages": 1})
+    assert cells["recent_16"][:2] == ("locks", {"recent_window": 16})
+    assert cells["recent_64"][:2] == ("locks", {"recent_window": 64})
+    assert locks_ablation.cell_of("locks", json.dumps({"sink_pages": 1, "recent_window": 0})) == "sink_pages_1"
+    assert locks_ablation.cell_of("locks", json.dumps({"sink_pages": 0, "recent_window": 0})) == "default"
+    assert locks_ablation.cell_of("locks", json.dumps({"sink_pages": 1, "recent_window": 64})) is None
 
 
 def test_ablation_verdicts(tmp_path):

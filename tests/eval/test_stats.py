@@ -89,3 +89,21 @@ def test_paired_comparison_reports_the_discordant_share():
     assert out["discordant"] == (2 + 3) / 20 and out["test"] == "mcnemar"
     graded = paired_comparison({"t/0": 50.0, "t/1": 20.0}, {"t/0": 10.0, "t/1": 20.0}, {"t/0": "t", "t/1": "t"})
     assert graded["discordant"] is None and graded["test"] == "sign-flip"
+
+
+def test_one_sided_mcnemar_is_the_upper_binomial_tail():
+    """P(X >= n10) for X ~ Bin(n10 + n01, 1/2), from exact fractions; the two-sided p is twice the smaller tail."""
+    from fractions import Fraction
+
+    from eval.stats import mcnemar_p_greater
+
+    for n10, n01 in [(0, 0), (6, 0), (0, 6), (8, 2), (2, 8), (5, 5), (30, 12)]:
+        n = n10 + n01
+        want = sum(Fraction(math.comb(n, i), 2 ** n) for i in range(n10, n + 1))
+        assert mcnemar_p_greater(n10, n01) == pytest.approx(float(want), rel=1e-12)
+        assert mcnemar_p(n10, n01) == pytest.approx(min(1.0, 2 * min(mcnemar_p_greater(n10, n01),
+                                                                     mcnemar_p_greater(n01, n10))), rel=1e-12)
+    a = {f"s{i}": 100.0 for i in range(10)}
+    b = {f"s{i}": (0.0 if i < 7 else 100.0) for i in range(10)}
+    c = paired_comparison(a, b, {s: "t" for s in a})
+    assert c["p_greater"] == pytest.approx(1 / 128) and paired_comparison(b, a, {s: "t" for s in a})["p_greater"] == 1.0

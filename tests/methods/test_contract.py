@@ -102,17 +102,21 @@ def test_oracle_coverage_bounds_every_selector(clustered, budget):
         assert coverage(sel, q, keys) <= cov_oracle + 1e-9, (name, options)
 
 
-def test_oracle_is_optimal_by_brute_force():
-    """Sum over heads of coverage: the oracle's page set equals the best of all C(P_c, k) page sets."""
+FORCED_OPTIONS = [({}, False), ({"sink_pages": 1, "recent_window": 64}, True)]  # the default, the harness options
+
+
+@pytest.mark.parametrize("options,sink_and_recent", FORCED_OPTIONS)
+def test_oracle_is_optimal_by_brute_force(options, sink_and_recent):
+    """Sum over heads of coverage: the oracle's page set equals the best of all C(P_c, k) page sets (3 scored
+    pages; by default nothing else, with the options also the sink page and the 4 recent pages)."""
     B, Hq, Hkv, n = 1, 4, 1, 16
     L = 12 * n
     keys, values = make_kv(B, Hkv, L, clustered=True, seed=3)
     q = torch.randn(B, Hq, D) * 3
-    budget = 16 + 64 + 3 * 16  # sink + 4 recent pages + 3 scored pages
-    oracle = build("oracle", budget, Hq, Hkv)
+    forced = {0, 8, 9, 10, 11} if sink_and_recent else set()
+    oracle = build("oracle", n * (len(forced) + 3), Hq, Hkv, **options)
     sel = oracle.select(q, keys, values)
     best = 0.0
-    forced = {0, 8, 9, 10, 11}
     for pages in itertools.combinations([p for p in range(12) if p not in forced], 3):
         idx = torch.tensor(sorted(list(forced) + list(pages)))
         tokens = (idx[:, None] * n + torch.arange(n)).flatten().view(1, 1, 1, -1)
@@ -120,11 +124,14 @@ def test_oracle_is_optimal_by_brute_force():
     assert abs(coverage(sel, q, keys) - best) < 1e-9
 
 
+@pytest.mark.parametrize("options,sink_and_recent", FORCED_OPTIONS)
 @pytest.mark.parametrize("name", ["locks", "oracle"])
-def test_selection_shape_forced_set_and_budget(name):
+def test_selection_shape_forced_set_and_budget(name, options, sink_and_recent):
+    """The forced set is the partial page alone by default (the write-up's selector); the sink page and the recent
+    window are forced only when their options are set. Either way the step attends at most `budget` tokens."""
     B, Hq, Hkv, L, budget, n = 2, 4, 2, 1000, 256, 16
     keys, values = make_kv(B, Hkv, L, seed=1)
-    s = build(name, budget, Hq, Hkv)
+    s = build(name, budget, Hq, Hkv, **options)
     prefill(s, keys, values, Hq, L)
     sel = s.select(torch.randn(B, Hq, D), keys, values)
     assert sel.indices.shape == (B, Hkv, 1, budget)  # fixed size per step
@@ -132,11 +139,13 @@ def test_selection_shape_forced_set_and_budget(name):
     for b in range(B):
         for h in range(Hkv):
             idx = sel.indices[b, h, 0][sel.valid[b, h, 0]]
-            assert len(idx) <= budget and torch.equal(idx, idx.unique()) and int(idx.max()) < L
+            assert len(idx) == budget - (budget - tail) % n and torch.equal(idx, idx.unique()) and int(idx.max()) < L
             got = set(idx.tolist())
-            assert set(range(n)) <= got  # sink page
-            assert set(range(L - tail - 64, L)) <= got  # 64 recent tokens of complete pages + the partial page
-    assert sel.forced_tokens == n + 64 + tail
+            assert set(range(L - tail, L)) <= got  # the partial page
+            if sink_and_recent:
+                assert set(range(n)) <= got  # sink page
+                assert set(range(L - tail - 64, L)) <= got  # 64 recent tokens of complete pages
+    assert sel.forced_tokens == (n + 64 + tail if sink_and_recent else tail)
 
 
 def test_selection_invariant_to_head_permutation_within_group():

@@ -137,3 +137,25 @@ def test_the_selector_takes_every_switch_and_scores_other_layouts_on_the_referen
         MethodSpec("locks", 256, options={"quant": "none", "v_bits": 8}).build(info)
     with pytest.raises(ConfigError, match=r"method.c_bits must be one of \(8, 4\)"):
         MethodSpec("locks", 256, options={"c_bits": 2}).build(info)
+
+
+def test_a_page_whose_quantized_rows_are_dependent_gets_the_least_squares_coefficients():
+    """Low-bit V can round two of a page's orthonormal directions to the same row (int2: entries in {-1, 0, 1}
+    times a scale), which makes V^ V^T singular. refit_coefficients then returns the minimal-norm least-squares C
+    (D pinv(V^)), the fit an independent float64 lstsq gives, instead of failing; and a regular page keeps the
+    exact solve."""
+    from locks.method.summaries import refit_coefficients
+
+    g = torch.Generator().manual_seed(0)
+    row = torch.tensor([1.0, -1.0, 0.0, 1.0] * 4)
+    wq = torch.stack([torch.stack([row, row, torch.roll(row, 1)]), torch.randn(3, 16, generator=g)])  # [2, 3, 16]
+    d = torch.randn(2, 8, 16, generator=g)
+    c = refit_coefficients(wq, d @ wq.mT, torch.zeros(2, 3, dtype=torch.bool))
+    assert torch.isfinite(c).all()
+    for p in range(2):
+        ref = torch.linalg.lstsq(wq[p].double().T, d[p].double().T, driver="gelsd").solution.T  # min-norm C
+        torch.testing.assert_close(c[p].double(), ref, atol=1e-4, rtol=1e-4)
+    assert torch.linalg.matrix_rank(wq[0]) == 2 and torch.linalg.matrix_rank(wq[1]) == 3
+    torch.testing.assert_close(c[1], torch.linalg.solve(wq[1] @ wq[1].mT, (d[1] @ wq[1].mT).mT).mT)
+    with pytest.raises(torch.linalg.LinAlgError):
+        torch.linalg.solve(wq[:1] @ wq[:1].mT, (d[:1] @ wq[:1].mT).mT)  # what the build did before: it stopped
