@@ -23,6 +23,8 @@ OUT = ROOT / "docs" / "testing_inventory.md"
 
 # file::function of an earlier collection -> the tests of today that hold its assertions
 MOVED = {
+    "tests/eval/test_memory_table.py::test_the_readme_shows_the_table_the_script_writes": [
+        "tests/eval/test_memory_table.py::test_docs_memory_shows_the_table_the_script_writes"],  # the table moved
     # issue 41: LOCKS / the page Oracle by default (no forced sink or recent window) and with both, as parameters
     "tests/methods/test_contract.py::test_oracle_is_optimal_by_brute_force": [
         "tests/methods/test_contract.py::test_oracle_is_optimal_by_brute_force"],
