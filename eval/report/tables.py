@@ -57,23 +57,31 @@ def score_pivot_with_ci(unit: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def score_bytes_pivot(unit: pd.DataFrame) -> pd.DataFrame:
-    """The compact headline: rows = method labels, columns = budgets, cells `score · MB read per decode step`
-    (FullKV's one run in every column, as in score_pivot)."""
-    budgets = budgets_of(unit)
-    cols = [str(b) for b in budgets]
+def _budget_pivot(unit: pd.DataFrame, cell) -> pd.DataFrame:
+    """Rows = method labels, columns `b=<budget>`, each run's `cell(row)` (None: left empty) in its budget's column;
+    a run without a budget (FullKV) fills every column."""
+    cols = [str(b) for b in budgets_of(unit)]
     rows = {}
     for label in ordered_labels(unit):
-        g = unit[unit["label"] == label]
         row = {}
-        for _, r in g.iterrows():
-            mb = _div(r["bytes_read_per_step"], 1e6)
-            cell = f"{r['average']:.1f}" + ("" if mb is None else f" · {mb:.1f}")
-            row.update({c: cell for c in cols} if pd.isna(r["budget"]) else {str(int(r["budget"])): cell})
+        for _, r in unit[unit["label"] == label].iterrows():
+            text = cell(r)
+            if text is not None:
+                row.update({c: text for c in cols} if pd.isna(r["budget"]) else {str(int(r["budget"])): text})
         rows[label] = row
     out = pd.DataFrame.from_dict(rows, orient="index", columns=cols)
     out.index.name = "method"
     return out.rename(columns=lambda c: f"b={c}")
+
+
+def score_bytes_pivot(unit: pd.DataFrame) -> pd.DataFrame:
+    """The compact headline: cells `score · MB read per decode step` (FullKV's one run in every column, as in
+    score_pivot)."""
+    def cell(r):
+        mb = _div(r["bytes_read_per_step"], 1e6)
+        return f"{r['average']:.1f}" + ("" if mb is None else f" · {mb:.1f}")
+
+    return _budget_pivot(unit, cell)
 
 
 def score_bytes_markdown(unit: pd.DataFrame, title: str) -> str:
@@ -85,23 +93,15 @@ def score_bytes_markdown(unit: pd.DataFrame, title: str) -> str:
 
 
 def forced_scored_pivot(unit: pd.DataFrame) -> pd.DataFrame:
-    """Rows = method labels, columns = budgets, cells `forced + scored` tokens per KV head and decode step (means over
-    steps and layers; scored = attended - forced: what the method chose by score). FullKV's run in every column."""
-    budgets = budgets_of(unit)
-    cols = [str(b) for b in budgets]
-    rows = {}
-    for label in ordered_labels(unit):
-        row = {}
-        for _, r in unit[unit["label"] == label].iterrows():
-            forced, attended = r.get("forced_tokens_per_step"), r["attended_tokens_per_step"]
-            if forced is None or pd.isna(forced) or pd.isna(attended):
-                continue
-            cell = f"all {attended:.0f}" if pd.isna(r["budget"]) else f"{forced:.0f} + {attended - forced:.0f}"
-            row.update({c: cell for c in cols} if pd.isna(r["budget"]) else {str(int(r["budget"])): cell})
-        rows[label] = row
-    out = pd.DataFrame.from_dict(rows, orient="index", columns=cols)
-    out.index.name = "method"
-    return out.rename(columns=lambda c: f"b={c}")
+    """Cells `forced + scored` tokens per KV head and decode step (means over steps and layers; scored = attended -
+    forced: what the method chose by score). FullKV's run in every column."""
+    def cell(r):
+        forced, attended = r.get("forced_tokens_per_step"), r["attended_tokens_per_step"]
+        if forced is None or pd.isna(forced) or pd.isna(attended):
+            return None
+        return f"all {attended:.0f}" if pd.isna(r["budget"]) else f"{forced:.0f} + {attended - forced:.0f}"
+
+    return _budget_pivot(unit, cell)
 
 
 def forced_scored_markdown(unit: pd.DataFrame, title: str) -> str:
