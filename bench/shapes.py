@@ -24,3 +24,8 @@ MODELS_DRY = {  # the same GQA groups (16 and 4), tiny
 
 # whole models of the device-memory table (paper_figs/memory_table.py): (name, layers, query heads, KV heads, head dim)
 FULL_MODELS = {"glm": ("GLM-4-9B", 40, 32, 2, 128), "llama": ("Llama-3.1-8B", 32, 32, 8, 128)}
+
+# the model whose static step bench/launches.py counts: 4 layers (Quest's 2 dense layers and 2 selecting ones), the
+# GQA group of Llama-3.1-8B (4), tiny
+LAUNCH_MODEL = ("llama", dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                              num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096))

@@ -33,11 +33,11 @@ Verdict rules (stated in each row):
 """
 from __future__ import annotations
 
-import functools
 import sys
 
 import pandas as pd
 
+from bench.byte_model import BYTES_BUDGET, byte_ceiling, step_bytes, weights_and_layers
 from eval import report
 from eval.report.runs import method_rank
 from eval.report.statistics import statistics_table
@@ -47,7 +47,6 @@ NAME = "claims"
 SMALL_BUDGETS = (64, 128)
 BYTES_CLAIM = 9.8
 SPEEDUP_CLAIMS = {131072: 1.59, 262144: 1.80, 1048576: 2.0}
-BYTES_BUDGET = 2048  # the write-up's budget at long context (scripts/bench_decode.py's default)
 SHAPES = {"glm": "GLM-4-9B", "llama": "Llama-3.1-8B"}
 TOL = 0.05
 BATCHES = (1, 4, 16)
@@ -217,26 +216,6 @@ def parity_rows(df: pd.DataFrame, source: str) -> list[dict]:
     return out + [_row(claim, text, verdict, source, rule, config)]
 
 
-def step_bytes(shape: str, context: int, budget: int = BYTES_BUDGET) -> tuple[float, float]:
-    """(FullKV, LOCKS) bytes of one decode step and layer over all KV heads (bf16 K/V), from the selectors' own
-    accounting: LOCKS reads the candidate pages' summaries, the group's queries and the aggregated scores
-    (LocksSelector.scoring_bytes), then the attended tokens' K/V."""
-    import torch
-
-    from bench.inputs import random_summaries
-    from bench.shapes import ATTENTION
-    from locks.core.selector import LayerInfo
-    from locks.method.selector import LocksSelector
-
-    hq, hkv, d = ATTENTION[shape]
-    info = LayerInfo(0, hq, hkv, d, d ** -0.5, kv_element_bytes=2)
-    selector = LocksSelector(info, budget, page_size=16, rank=8)
-    selector.use_summaries(random_summaries(1, 1, 1, d, 8, 16, torch.device("cpu"), torch.Generator()))
-    _, metadata, attended = selector.static_step_cost(context)
-    token_kv = 2 * d * info.kv_element_bytes * hkv
-    return float(context * token_kv), float(metadata + attended * token_kv)
-
-
 def bytes_rows() -> list[dict]:
     rule = f"FullKV K/V bytes / LOCKS bytes per step within {TOL:.0%} of {BYTES_CLAIM}"
     out = []
@@ -250,27 +229,6 @@ def bytes_rows() -> list[dict]:
                         f"{name} attention shape, 1M tokens, LOCKS b={BYTES_BUDGET} fair (forced: the partial page "
                         f"only), rank 8, 804 B/page, bf16 K/V, one layer"))
     return out
-
-
-@functools.cache
-def weights_and_layers(shape: str) -> tuple[int, int]:
-    """(bf16 weight bytes, layers) of the random-weight model bench/e2e.py builds for a shape (on the meta device)."""
-    import torch
-
-    from bench.e2e import build_model
-    from bench.shapes import MODELS
-
-    kind, overrides = MODELS[shape]
-    model = build_model(kind, overrides, torch.device("meta"), torch.bfloat16)
-    return sum(p.numel() * p.element_size() for p in model.parameters()), model.config.num_hidden_layers
-
-
-def byte_ceiling(shape: str, context: int, batch: int = 1) -> float:
-    """FullKV's whole-step bytes / LOCKS's at batch B: the weights W (bf16) are read once per step, the K/V (or
-    LOCKS's reads) once per row and layer:  (W + B n full) / (W + B n locks)."""
-    weights, layers = weights_and_layers(shape)
-    full, locks = step_bytes(shape, context)
-    return (weights + batch * layers * full) / (weights + batch * layers * locks)
 
 
 def fullkv_memory(shape: str, context: int, batch: int) -> float:
