@@ -20,7 +20,9 @@ the difference (score points / 100), the exact McNemar test rejects with power
     power(delta) = sum_D P[Bin(n, psi) = D] * P[reject | D],   n10 | D ~ Bin(D, (psi + delta) / (2 psi)),
 
 and the smallest detectable difference is the smallest delta with power >= 80% at level 0.05 (`detectable_difference`,
-at the observed psi).
+at the observed psi). The pairs a given delta needs at a given psi (`mcnemar_sample_size`) use Connor's (1987)
+normal approximation, n = (z_{1-alpha/2} sqrt(psi) + z_{power} sqrt(psi - delta^2))^2 / delta^2, since the exact
+power costs O(n^2) at the several thousand pairs small differences need.
 """
 from __future__ import annotations
 
@@ -131,6 +133,18 @@ def mcnemar_power(n: int, discordant: float, diff: float, alpha: float = ALPHA) 
         pmf = np.exp(_log_binom_pmf(d, q, log_fact))
         power += p_d[d] * (pmf[: k + 1].sum() + pmf[d - k:].sum())
     return float(power)
+
+
+def mcnemar_sample_size(discordant: float, diff: float, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Pairs McNemar's test needs to detect |p10 - p01| = diff with `power` at level `alpha` when a share
+    `discordant` of the pairs is discordant (Connor's approximation, module docstring)."""
+    from statistics import NormalDist
+
+    if not 0 < abs(diff) <= discordant <= 1:
+        raise ValueError(f"need 0 < |diff| <= discordant <= 1 (got {discordant}, {diff})")
+    z = NormalDist()
+    root = z.inv_cdf(1 - alpha / 2) * math.sqrt(discordant) + z.inv_cdf(power) * math.sqrt(discordant - diff ** 2)
+    return math.ceil(root ** 2 / diff ** 2)
 
 
 def detectable_difference(n: int, discordant: float, alpha: float = ALPHA, power: float = POWER) -> float | None:

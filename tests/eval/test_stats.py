@@ -107,3 +107,16 @@ def test_one_sided_mcnemar_is_the_upper_binomial_tail():
     b = {f"s{i}": (0.0 if i < 7 else 100.0) for i in range(10)}
     c = paired_comparison(a, b, {s: "t" for s in a})
     assert c["p_greater"] == pytest.approx(1 / 128) and paired_comparison(b, a, {s: "t" for s in a})["p_greater"] == 1.0
+
+
+@pytest.mark.parametrize("discordant,diff", [(0.3, 0.15), (0.2, 0.1), (0.04, 0.03)])
+def test_mcnemar_sample_size_is_close_to_the_exact_power(discordant, diff):
+    """Connor's approximate n reaches about 80% exact power (McNemar's exact test is a little conservative), and
+    half of it far less."""
+    from eval.stats import mcnemar_power, mcnemar_sample_size
+
+    n = mcnemar_sample_size(discordant, diff)
+    assert 0.7 <= mcnemar_power(n, discordant, diff) <= 0.9
+    assert mcnemar_power(n // 2, discordant, diff) < 0.5
+    with pytest.raises(ValueError):
+        mcnemar_sample_size(0.02, 0.03)
