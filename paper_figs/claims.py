@@ -447,9 +447,50 @@ SEPARATED_P = 0.05  # a paired difference with p >= this is reported as "not sep
 FEW_POINTS = 10  # "int4 loses a few recall points": a loss of more than 0 and at most this many points
 COLLAPSE_POINTS, COLLAPSE_P = 20, 0.01  # "int2 collapses": at least this many points below unquantized, p below this
 PAGE_KV_SHARE, PAGE_KV_TOL = 0.10, 0.02  # "about 10 % of the page's KV": within 2 points
+POWER_RESULTS = "locks_int4_power"  # int4 vs unquantized over several RULER niah tasks, sized for a few points
+POWER_POINTS = 3  # the loss the power run states the needed pairs for
 
 
 UNQUANTIZED = "LOCKS quant=none b=128 (conf/locks_ablation/unquantized.yaml), SmolLM2-135M-Instruct, RULER niah_single_2"
+
+
+def int4_power_rows(results) -> list[dict]:
+    """"int4 loses a few points" on several hundred paired samples over several RULER niah tasks at 2K
+    (results/locks_int4_power/): the paired Δ, what this n resolves, and the pairs a POWER_POINTS-point loss needs
+    at the observed share of discordant pairs."""
+    from eval.report.statistics import sample_scores
+    from eval.stats import mcnemar_sample_size
+    from paper_figs.common import runs_in
+    from paper_figs.locks_ablation import compare, runs_by_cell
+
+    src = results / POWER_RESULTS
+    source = f"{rel(src)}/*.json"
+    rule = f"paired Δ(int4 - unquantized) in [-{FEW_POINTS}, 0) at p < {SEPARATED_P}"
+    df = runs_in(src)
+    contexts = runs_by_cell(df) if df is not None else {}
+    if len(contexts) != 1:
+        return [_row("int4 summaries lose a few recall points against unquantized ones (several RULER tasks)",
+                     f"{source} missing", "not measured", source, rule, "conf/locks_ablation/ default, unquantized")]
+    [(context, by_cell)] = contexts.items()
+    tasks = sorted(set(sample_scores(by_cell["default"])[1].values())) if "default" in by_cell else []
+    claim = (f"int4 summaries lose a few recall points against unquantized ones ({report.tokens_label(context)} "
+             f"tokens, {len(tasks)} RULER tasks)")
+    config = (f"SmolLM2-135M-Instruct, RULER {', '.join(tasks)} at {report.tokens_label(context)} tokens; LOCKS "
+              f"b=128 fair, forced: the partial page only; cells default vs unquantized (conf/locks_ablation/)")
+    c = compare(by_cell, "default", "unquantized")
+    if c is None or c["diff"] is None:
+        return [_row(claim, "no paired default / unquantized runs", "not measured", source, rule, config)]
+    text = (f"default - unquantized: {c['diff']:+.1f} [{c['lo']:+.1f}, {c['hi']:+.1f}], p={c['p']:.2g}, "
+            f"n={c['n']}; {detectable(c['n'], c.get('discordant'))}")
+    if c.get("discordant") is not None:
+        # a loss of POWER_POINTS on top of the observed disagreement: discordance psi + delta, all of delta one way
+        psi = c["discordant"] + POWER_POINTS / 100
+        need = mcnemar_sample_size(psi, POWER_POINTS / 100)
+        text += (f"; a {POWER_POINTS}-point loss (then {100 * psi:.1f}% discordant) needs about {need} pairs for 80% "
+                 f"power, and the interval {'excludes' if c['lo'] > -POWER_POINTS else 'does not exclude'} it")
+    if c["p"] >= SEPARATED_P:
+        return [_row(claim, f"{text}; not separated at n = {c['n']}", "not separated", source, rule, config)]
+    return [_row(claim, text, "holds" if -FEW_POINTS <= c["diff"] < 0 else "does not hold", source, rule, config)]
 
 
 def ablation_rows(results) -> list[dict]:
@@ -488,6 +529,7 @@ def ablation_rows(results) -> list[dict]:
     out += paired("int4 summaries lose a few recall points against unquantized ones", "default", "unquantized",
                   f"paired Δ(int4 - unquantized) in [-{FEW_POINTS}, 0) at p < {SEPARATED_P}",
                   lambda c: -FEW_POINTS <= c["diff"] < 0)
+    out += int4_power_rows(results)
     out += paired("int2 summaries collapse", "v_bits_2", "unquantized",
                   f"paired Δ(int2 - unquantized) <= -{COLLAPSE_POINTS} points at p < {COLLAPSE_P}",
                   lambda c: c["diff"] <= -COLLAPSE_POINTS and c["p"] < COLLAPSE_P)

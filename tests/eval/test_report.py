@@ -402,6 +402,8 @@ def test_make_all_on_committed_results(tmp_path):
            "int2 summaries collapse (8K tokens)", "the rank-8 term matters (8K tokens)"])
     ablation = claims[claims["source"].str.contains("locks_ablation")]  # int4, int2, rank 8, Theorem 1 at 2K
     assert len(ablation) >= 4 and (ablation[~ablation["claim"].str.contains("8K")]["verdict"] != "not measured").all()
+    [power] = claims[claims["source"].str.contains("locks_int4_power")].itertuples()  # int4 over 4 tasks, n = 400
+    assert "n=400" in power.measured and power.verdict != "not measured"
     assert on_gpu.sum() >= 7  # LOCKS at 128K / 256K / 1M and the anchors' four speed and memory claims
     assert (out / "memory.md").read_text().count("\n| ") >= 24  # the device-memory table needs no results
     for script in ("infinitebench_table", "longbench_curve", "latency_speedup", "bytes_per_step", "e2e_decode"):
