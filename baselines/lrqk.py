@@ -63,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from locks.core.buffers import grown
 from locks.core.host_rows import device_view, gather_missed_rows
 from locks.core.reference import take_rows
 from locks.core.registry import register
@@ -290,32 +291,15 @@ class LRQKSelector(Selector):
         """Append rows [B, Hkv, m, d] of K and V to the host cold store [B, Hkv, cap, 2d] (grows x1.5)."""
         B, H, m, d = k.shape
         need = self.store_len + m
-        if self.store is None or need > self.store.shape[2]:
-            self._grow_store(max(need, int(1.5 * (0 if self.store is None else self.store.shape[2])), 256), k)
+        self.store = grown(self.store, self.store_len, need, factor=1.5, minimum=256, pin=True)
         self.store[:, :, self.store_len : need, :d].copy_(k)
         self.store[:, :, self.store_len : need, d:].copy_(v)
         self.store_len = need
 
-    def _grow_store(self, capacity: int, like: Tensor) -> None:
-        """A cold store of `capacity` rows (pinned when CUDA exists) holding the current one's rows; `like`
-        [B, Hkv, *, d] gives its shape and dtype."""
-        B, H, _, d = like.shape
-        new = torch.empty(B, H, capacity, 2 * d, dtype=like.dtype, pin_memory=torch.cuda.is_available())
-        if self.store is not None:
-            new[:, :, : self.store_len] = self.store[:, :, : self.store_len]
-        self.store = new
-
-    def _grow_ak(self, capacity: int) -> None:
-        """A_K with room for `capacity` token rows (zeros past the written ones)."""
-        buf = self.A_K.new_zeros(*self.A_K.shape[:2], capacity, self.r)
-        buf[:, :, : self.ak_len] = self.A_K[:, :, : self.ak_len]
-        self.A_K = buf
-
     def _ak_append(self, rows: Tensor, at: int) -> None:
         """Write A_K rows [B, Hq, m, r] at token `at` (A_K on the device, grows x1.5)."""
         need = at + rows.shape[2]
-        if need > self.A_K.shape[2]:
-            self._grow_ak(max(need, int(1.5 * self.A_K.shape[2])))
+        self.A_K = grown(self.A_K, self.ak_len, need, factor=1.5, zero=True)
         self.A_K[:, :, at:need] = rows.to(self.A_K.dtype)
         self.ak_len = need
 
@@ -396,7 +380,7 @@ class LRQKSelector(Selector):
         self._ak_append(A_K, 0)
         self.Kh = keys.new_zeros(B, Hq, k + n, d)
         self.Vh = values.new_zeros(B, Hq, k + n, d)
-        self.store, self.store_len = None, 0
+        self.store, self.store_len = keys.new_empty(B, keys.shape[1], 0, 2 * d, device="cpu"), 0
         self.lite_t = torch.full((n,), -1, dtype=torch.long, device=keys.device)
         if l0 > k + n:
             self._store_append(keys, values)
@@ -529,10 +513,9 @@ class LRQKSelector(Selector):
         step); hit and transfer counters on the device."""
         if self.static_sample_error():
             raise ConfigError(self.static_sample_error())
-        if self.A_K.shape[2] < capacity:
-            self._grow_ak(capacity)
-        if self.store.shape[2] < capacity:  # preallocated: a flush between steps never reallocates it
-            self._grow_store(capacity, self.Kh[:, :: self.G])
+        self.A_K = grown(self.A_K, self.ak_len, capacity, factor=1.0, zero=True)
+        # preallocated: a flush between steps never reallocates it
+        self.store = grown(self.store, self.store_len, capacity, factor=1.0, pin=True)
         self.store_view = device_view(self.store, self.device)
         self.s_hits = torch.zeros((), dtype=torch.float64, device=self.device)
         self.s_rows = torch.zeros((), dtype=torch.float64, device=self.device)

@@ -48,6 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from locks.core.buffers import resized
+from locks.core.page_bounds import fold_into_page
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector
 from locks.errors import ConfigError
@@ -228,15 +230,9 @@ class RocketKVSelector(Selector):
 
     def _grow(self) -> None:
         cap = 2 * self.index.shape[-1]
-        index = self.index.new_zeros(*self.index.shape[:2], cap)
-        index[:, :, : self.n] = self.index[:, :, : self.n]
-        self.index = index
+        self.index = resized(self.index, self.n, cap, dim=-1, zero=True)
         cap_c = -(-cap // self.params.cs)
-        for name in ("kmin", "kmax"):
-            old = getattr(self, name)
-            buf = old.new_empty(old.shape[0], old.shape[1], cap_c, old.shape[3])
-            buf[:, :, : old.shape[2]] = old
-            setattr(self, name, buf)
+        self.kmin, self.kmax = (resized(buf, buf.shape[2], cap_c) for buf in (self.kmin, self.kmax))
 
     def append(self, keys: Tensor, values: Tensor) -> None:
         if self.params is None:
@@ -245,14 +241,8 @@ class RocketKVSelector(Selector):
         for pos in range(self.seen, keys.shape[2]):  # decode tokens are appended to every KV head, never evicted
             if self.n == self.index.shape[-1]:
                 self._grow()
-            key = keys[:, :, pos]
             c, offset = divmod(self.n, cs)
-            if offset == 0:
-                self.kmin[:, :, c] = key
-                self.kmax[:, :, c] = key
-            else:
-                self.kmin[:, :, c] = torch.minimum(self.kmin[:, :, c], key)
-                self.kmax[:, :, c] = torch.maximum(self.kmax[:, :, c], key)
+            fold_into_page(self.kmax, self.kmin, keys[:, :, pos : pos + 1], c, opens=offset == 0)
             self.index[:, :, self.n] = pos
             self.n += 1
         self.seen = max(self.seen, keys.shape[2])
@@ -261,7 +251,7 @@ class RocketKVSelector(Selector):
         if self.params is None:
             raise ConfigError("rocketkv: select() before prefill(); the selector sizes its stages at prefill")
         p, n = self.params, self.n
-        k = max(1, min(p.k, n))  # gpt_fast's round(b/2) is 0 for a 1-token sequence
+        k = self._top_k(n)
         if k >= n:  # every survivor fits: attended exactly (the harness restricts a dense selection to `alive`)
             return Selection.all_tokens()
         B, Hq, d = query.shape
@@ -276,6 +266,11 @@ class RocketKVSelector(Selector):
         idx = self.index[:, :, :n].gather(-1, top).sort(dim=-1).values
         return Selection(indices=idx.unsqueeze(2), valid=torch.ones(B, Hkv, 1, k, dtype=torch.bool, device=idx.device),
                          forced_tokens=0.0, metadata_bytes=self._metadata_bytes(n))
+
+    def _top_k(self, n: int) -> int:
+        """Tokens the hybrid top-k keeps among n survivors: min(k, n), at least 1 (gpt_fast's round(b / 2) is 0 for a
+        1-token sequence)."""
+        return max(1, min(self.params.k, n))
 
     def _metadata_bytes(self, n: int) -> float:
         """A scored step over T' = n survivors: the r_ch channels of each chunk's needed min/max bound, and the
@@ -309,10 +304,7 @@ class RocketKVSelector(Selector):
         slot = n - 1
         cs = self.params.cs
         chunk = torch.div(slot, cs, rounding_mode="floor")
-        key = keys.index_select(2, position)  # [B, Hkv, 1, d]
-        first = (slot % cs == 0).view(1, 1, 1, 1)
-        self.kmin.index_copy_(2, chunk, torch.where(first, key, torch.minimum(self.kmin.index_select(2, chunk), key)))
-        self.kmax.index_copy_(2, chunk, torch.where(first, key, torch.maximum(self.kmax.index_select(2, chunk), key)))
+        fold_into_page(self.kmax, self.kmin, keys.index_select(2, position), chunk, opens=slot % cs == 0)
         self.index.index_copy_(2, slot, position.view(1, 1, 1).expand(*self.index.shape[:2], 1))
         return n
 
@@ -325,7 +317,7 @@ class RocketKVSelector(Selector):
         B, Hq, d = query.shape
         Hkv = keys.shape[1]
         cap = self.static_capacity
-        k = max(1, min(p.k, cap))
+        k = self._top_k(cap)
         chunks = -(-cap // p.cs)
         s_hat, tau = approx_scores(query.float().view(B, Hkv, Hq // Hkv, d), self.kmin[:, :, :chunks].float(),
                                    self.kmax[:, :, :chunks].float(), p.r_ch)
@@ -350,7 +342,7 @@ class RocketKVSelector(Selector):
 
     def static_step_cost(self, length):
         n = self._survivors(length)
-        k = max(1, min(self.params.k, n))
+        k = self._top_k(n)
         if k >= n:
             return 0.0, 0.0, float(n)
         return 0.0, self._metadata_bytes(n), float(k)

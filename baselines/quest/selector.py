@@ -47,6 +47,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from locks.core.buffers import grown
+from locks.core.page_bounds import fold_into_page
 from locks.core.paging import pages_to_tokens
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector
@@ -106,19 +108,8 @@ class QuestSelector(Selector):
 
     def _reserve(self, keys: Tensor, pages: int) -> None:
         if self._max is None:
-            B, H, _, d = keys.shape
-            self._max = keys.new_empty(B, H, 0, d)
-            self._min = keys.new_empty(B, H, 0, d)
-        capacity = self._max.shape[2]
-        if pages <= capacity:
-            return
-        new_capacity = max(pages, 2 * capacity, 16)
-        used = self.num_pages
-        for name in ("_max", "_min"):
-            old = getattr(self, name)
-            buf = old.new_empty(old.shape[0], old.shape[1], new_capacity, old.shape[3])
-            buf[:, :, :used] = old[:, :, :used]
-            setattr(self, name, buf)
+            self._max = self._min = keys.new_empty(*keys.shape[:2], 0, keys.shape[3])
+        self._max, self._min = (grown(buf, self.num_pages, pages, minimum=16) for buf in (self._max, self._min))
 
     def _extend(self, keys: Tensor) -> None:
         """Fold keys[:, :, self.length:] (any number of new rows) into the per-page max/min."""
@@ -129,10 +120,9 @@ class QuestSelector(Selector):
         P = self.page_size
         self._reserve(keys, -(-L // P))
         new = keys[:, :, start:]
-        if start % P:  # the open page: merge element-wise with the rows that complete (or extend) it
-            p, r = start // P, min(P - start % P, L - start)
-            self._max[:, :, p] = torch.maximum(self._max[:, :, p], new[:, :, :r].amax(2))
-            self._min[:, :, p] = torch.minimum(self._min[:, :, p], new[:, :, :r].amin(2))
+        if start % P:  # the open page: merge with the rows that complete (or extend) it
+            r = min(P - start % P, L - start)
+            fold_into_page(self._max, self._min, new[:, :, :r], start // P, opens=False)
             new, start = new[:, :, r:], start + r
         n = new.shape[2]
         if n:  # whole new pages, then a new partial page that starts from its first key
@@ -144,8 +134,7 @@ class QuestSelector(Selector):
                 self._max[:, :, p : p + full] = x.amax(3)
                 self._min[:, :, p : p + full] = x.amin(3)
             if tail:
-                self._max[:, :, p + full] = new[:, :, full * P :].amax(2)
-                self._min[:, :, p + full] = new[:, :, full * P :].amin(2)
+                fold_into_page(self._max, self._min, new[:, :, full * P :], p + full, opens=True)
         self.length = L
 
     def prefill(self, ctx) -> None:
@@ -262,10 +251,8 @@ class QuestSelector(Selector):
         """Fold the key at slot length - 1 into its page's max/min on the device (a new page starts from it)."""
         position = length.reshape(1) - 1
         page = torch.div(position, self.page_size, rounding_mode="floor")
-        key = keys.index_select(2, position)  # [B, Hkv, 1, d]
-        first = (position % self.page_size == 0).view(1, 1, 1, 1)
-        self._max.index_copy_(2, page, torch.where(first, key, torch.maximum(self._max.index_select(2, page), key)))
-        self._min.index_copy_(2, page, torch.where(first, key, torch.minimum(self._min.index_select(2, page), key)))
+        fold_into_page(self._max, self._min, keys.index_select(2, position), page,
+                       opens=position % self.page_size == 0)
 
     def select_static(self, query, keys, values, length):
         """The kernel rule at the device length L, as a page list: the top (budget // P - 1) pages among the

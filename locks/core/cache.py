@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import Cache, DynamicLayer
 
+from locks.core.buffers import grown, resized
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, Selector, StepStats, resolve_backend
 from locks.core.window import SlidingWindow
@@ -76,20 +77,13 @@ class SelectorLayer(DynamicLayer):
         """exact=True (static decode): exactly `needed` slots, those after the cached tokens zero-filled (a static
         step reads them masked, so they must hold finite values; a buffer that already has `needed` slots, e.g. one
         shared with a prefill capture, may hold anything there)."""
-        capacity = self._k.shape[2]
-        if exact and needed == capacity:
+        if exact and needed == self._k.shape[2]:
             self._k[:, :, self.length :].zero_()
             self._v[:, :, self.length :].zero_()
-            return
-        if needed <= capacity and not exact:
-            return
-        new_capacity = needed if exact else max(needed, 2 * capacity, 256)
-        for name in ("_k", "_v"):
-            old = getattr(self, name)
-            make = old.new_zeros if exact else old.new_empty
-            buf = make(old.shape[0], old.shape[1], new_capacity, old.shape[3])
-            buf[:, :, : self.length] = old[:, :, : self.length]
-            setattr(self, name, buf)
+        elif exact:
+            self._k, self._v = (resized(buf, self.length, needed, zero=True) for buf in (self._k, self._v))
+        else:
+            self._k, self._v = (grown(buf, self.length, needed, minimum=256) for buf in (self._k, self._v))
 
     def adopt(self, key_buffer: Tensor, value_buffer: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """Take buffers [B, H, capacity, d] whose first `length` slots hold cached tokens as this layer's own, without

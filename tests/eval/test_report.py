@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -357,6 +358,7 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
     from tests.eval.test_locks_ablation import write as write_ablation
 
     write_ablation(res)  # results/locks_ablation/: the ablation cells at 2K and 8K
+    shutil.copy(ROOT / "results" / "launches.json", res / "launches.json")  # the launch counter's committed output
     out = tmp_path / "out"
     assert make_all.main(["--results", str(res), "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -367,7 +369,7 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
             "latency_speedup.png", "latency_vs_context.pdf", "latency_table.md", "bytes_per_step.png",
             "bytes_per_step.md", "ruler_embedded_scores.md", "ruler_embedded_score_vs_budget.png",
             "ruler_embedded_statistics.md", "ruler_gemma3_16k_scores.md", "e2e_speedup.png", "e2e_table.md",
-            "claims.md", "claims.csv", "byte_ceiling.md", "byte_ceiling.csv"} <= names
+            "claims.md", "claims.csv", "byte_ceiling.md", "byte_ceiling.csv", "launches.md", "launches.csv"} <= names
     ib = pd.read_csv(out / "infinitebench_scores.csv", index_col="method")
     assert list(ib.index) == ["FullKV", "Oracle: pages/KV head", "LOCKS"] and list(ib.columns) == ["512", "2048", "n"]
     assert "longbench_curve: no runs at budget(s) [128, 256, 512, 1024]" in text
