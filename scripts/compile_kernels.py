@@ -144,6 +144,20 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
                     q, k, v, meta(B, H, gs, budget // PAGE, dtype=torch.int64), s, None, page_size=PAGE,
                     length=length_t))
 
+        # locks/core/attention.py static_decode_step with measure_coverage: every method's coverage (with and without
+        # attention sinks) and a page selector's certificate (LOCKS: rho of the quantized summaries)
+        lse, cov, diag = meta(B, Hq, dtype=torch.float32), meta(1, dtype=torch.float64), meta(3, 2, dtype=torch.float64)
+        for sinks in (None, meta(Hq, dtype=dtype)):
+            yield "static_decode_step coverage", dict(p, sinks=sinks is not None), (
+                lambda q=q, k=k, s=scaling, lse=lse, sinks=sinks, cov=cov: K.coverage_step(
+                    q, k, length_t, s, lse, sinks, cov))
+        cert = dict(scores=meta(B, Hq, P, dtype=torch.float32), rho=meta(B, H, P, dtype=torch.float16),
+                    pages=meta(B, H, 1, kp, dtype=torch.int32), valid=meta(B, H, 1, kp, dtype=torch.bool),
+                    sink_pages=SINK_PAGES, recent_pages=RECENT_PAGES, page_size=PAGE, budget=budget, tol=1e-5)
+        yield "static_decode_step coverage locks", p, (
+            lambda q=q, k=k, s=scaling, lse=lse, cov=cov, cert=cert, diag=diag: K.coverage_step(
+                q, k, length_t, s, lse, None, cov, cert, diag))
+
         # locks/method/selector.py: scored_pages (eager, candidate range as ints) and static_candidate_scores (the
         # range read from the device length); every aggregation mode of conf/method/locks.yaml
         s = summaries(B, H, P, d).kernel_tensors()

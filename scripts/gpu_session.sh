@@ -5,6 +5,7 @@
 #      ShadowKV's and LRQK's reading their pinned host stores from inside the graph)
 #   2. scripts/bench_decode.py  per-layer decode attention at 128K / 256K / 1M, every selector -> $OUT/decode.jsonl
 #   3. scripts/bench_e2e.py     the CUDA-graph decode step of whole random models, every selector -> $OUT/e2e.jsonl
+#   4. scripts/fit_t_node.py    t_node of the launch model (docs/launches.md) from those steps -> $OUT/t_node.json
 # Each part has its own time limit (TESTS_S, DECODE_S, E2E_S seconds), so one run stays well inside a device call.
 #
 # Here, first (the image has transformers 5.17; this project pins 5.24, a pure-Python wheel that travels):
@@ -56,4 +57,6 @@ timeout "${DECODE_S:-110}" "$PY" scripts/bench_decode.py --out "$OUT/decode.json
   | tee "$OUT/decode.txt"
 echo "== 3. end-to-end CUDA-graph decode step"
 timeout "${E2E_S:-140}" "$PY" scripts/bench_e2e.py --out "$OUT/e2e.jsonl" "${e2e_sizes[@]}" 2>&1 | tee "$OUT/e2e.txt"
+echo "== 4. t_node, the device time per graph node, fitted from the e2e steps (a dry run has none to fit)"
+"$PY" scripts/fit_t_node.py "$OUT/e2e.jsonl" --out "$OUT/t_node.json" 2>&1 | tee "$OUT/t_node.txt"
 echo "== done: $OUT"

@@ -21,6 +21,7 @@ from locks.core.batch import RowBatch, row_attention
 from locks.core.cache import SOFTCAP_ERROR
 from locks.core.reference import (add_sinks, attended_per_kv_head, dense_attention, dense_lse, lse_with_sinks,
                                   paged_attended, paged_tokens, sparse_decode)
+from locks.core.paging import CERTIFICATE_NAMES
 from locks.core.selector import PrefillContext, Selection, StepStats, check_finite
 from locks.errors import ConfigError
 
@@ -256,6 +257,15 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
     if sel.device_bytes is not None and cache.device_accounting:
         cache.static_bytes[layer_idx].add_(sel.device_bytes)
     if cache.measure_coverage:
+        # backend triton: coverage and a page selector's certificate in two launches (locks/kernels/coverage.py)
+        certificate = getattr(sel.diagnostics, "kernel_inputs", None)
+        if triton and not sel.dense and (sel.diagnostics is None or (
+                certificate is not None and selector.diagnostic_names == CERTIFICATE_NAMES)):
+            from locks.kernels.coverage import coverage_step
+
+            coverage_step(q, keys, length, scaling, lse, sinks, cache.static_coverage[layer_idx : layer_idx + 1],
+                          certificate, cache.static_diagnostics[layer_idx])
+            return out.unsqueeze(1)
         if sel.dense:
             coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
         else:

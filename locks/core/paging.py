@@ -132,16 +132,19 @@ class PagePlan:
 
 
 SOUNDNESS_TOL = 1e-5
+CERTIFICATE_NAMES = ("certificate", "plugin_coverage", "certificate_sound")  # the last with measured coverage
 
 
 class CoverageCertificate:
     """A page selector's Selection.diagnostics: called with the attended set's lse [B, Hq] it returns the summed
     per-head bounds {name: (sum, count)}; `per_head(lse)` gives the bounds themselves ({name: [B, Hq]})."""
 
-    def __init__(self, per_head, weight: Tensor | None = None):
+    def __init__(self, per_head, weight: Tensor | None = None, kernel_inputs: dict | None = None):
         self._per_head = per_head
         self._last: tuple | None = None  # (lse_sel, its bounds): a step's sums and soundness share one computation
         self.weight = weight  # a static step's 0-d device 0/1: 0 while no page is scored (L <= budget), counts nothing
+        # a static step's certificate as the fused coverage kernel reads it (locks/kernels/coverage.py), or None
+        self.kernel_inputs = kernel_inputs
 
     def _weighted(self, sums: dict) -> dict:
         if self.weight is None:
@@ -174,7 +177,7 @@ class PageSelector(Selector):
     coverage from the score error bounds `score_bounds`, and `plugin_coverage`, the same estimate with the bounds
     set to zero (docs/methods/locks.md)."""
 
-    diagnostic_names = ("certificate", "plugin_coverage", "certificate_sound")  # the last with measured coverage
+    diagnostic_names = CERTIFICATE_NAMES
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
                  recent_window: int = 0, sink_pages: int = 0, aggregation: str = "norm"):
@@ -203,6 +206,12 @@ class PageSelector(Selector):
     def score_bounds(self, query: Tensor, num_pages: int) -> Tensor:
         """eta_bar [B, Hq, num_pages] with |S_{g,j} - l_{g,j}| <= eta_bar_{g,j} (exact scores: zeros)."""
         return torch.zeros(query.shape[0], query.shape[1], num_pages, device=query.device)
+
+    def score_bound_radius(self) -> tuple[bool, Tensor | None]:
+        """The form of `score_bounds`, for the fused coverage kernel: (True, None) for exact scores (zero bounds, the
+        default); (True, rho [B, Hkv, >= pages]) when eta_bar_{g,j} = scaling * ||q_g|| * rho_j; (False, None) for any
+        other form (the static step's coverage then runs the reference ops)."""
+        return True, None
 
     def forced_log_mass(self, query: Tensor, keys: Tensor, forced_tokens: Tensor) -> Tensor | None:
         """Exact log-mass of the forced tokens per query head, if the method can know it (Oracle). Default: None."""
@@ -339,7 +348,12 @@ class PageSelector(Selector):
             outside = self._static_candidates(length) & (chosen[..., :P] == 0)
             return self._coverage_bounds(lse_sel, *self._outside_mass(query, scores, outside))
 
-        return CoverageCertificate(bounds, weight=(length > self.budget).to(torch.float64).reshape(()))
+        exact_or_norm, rho = self.score_bound_radius()
+        kernel_inputs = None if not exact_or_norm else dict(
+            scores=scores, rho=rho, pages=pages, valid=valid, sink_pages=self.sink_pages,
+            recent_pages=self.recent_pages, page_size=self.page_size, budget=self.budget, tol=SOUNDNESS_TOL)
+        return CoverageCertificate(bounds, weight=(length > self.budget).to(torch.float64).reshape(()),
+                                   kernel_inputs=kernel_inputs)
 
     def static_step_cost(self, length: int) -> tuple[float, float, float]:
         plan = self.plan(length)

@@ -9,6 +9,7 @@ compiled and checked ahead of time.
 | FullKV decode (same kernel) | `full_decode(query, keys, values, scaling, length)` | idem over all tokens |
 | static decode page list (one launch) | `static_pages(top, length, budget, page_size, sink, recent)` | `locks.core.paging.static_page_list` |
 | top-k pages | `topk_pages`, `select_pages` (torch.topk; see topk.py) | `torch.topk` |
+| coverage and coverage certificate of a static step (two launches) | `coverage_step(query, keys, length, scaling, lse_sel, sinks, coverage, certificate, diagnostics)` | `locks.core.attention.static_decode_step`'s reference ops |
 | masked row gather from a host store | `gather_rows(src, rows, mask)` | `locks.core.host_rows.gather_missed_rows` (torch) |
 
 `length` (paged / full decode) may be a device tensor: the kernels read it, so a CUDA graph captured over a
@@ -17,10 +18,11 @@ only. They run on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was se
 (tests/conftest.py sets it when CUDA is unavailable). Importing this package needs `triton`.
 """
 from locks.kernels._common import poisoned
+from locks.kernels.coverage import coverage_step
 from locks.kernels.decode import decode_splits, full_decode, paged_decode, sparse_decode
 from locks.kernels.gather import gather_rows
 from locks.kernels.static_pages import static_pages
 from locks.kernels.topk import select_pages, topk_pages
 
-__all__ = ["gather_rows", "static_pages", "topk_pages", "select_pages", "sparse_decode", "paged_decode", "full_decode",
+__all__ = ["coverage_step", "gather_rows", "static_pages", "topk_pages", "select_pages", "sparse_decode", "paged_decode", "full_decode",
            "decode_splits", "poisoned"]

@@ -15,6 +15,7 @@ from locks.core.registry import register
 from locks.errors import ConfigError
 from locks.method.layouts import SummaryLayout
 from locks.method.summaries import (
+    PageSummaries,
     build_summaries,
     concat_summaries,
     page_scores,
@@ -208,6 +209,11 @@ class LocksSelector(PageSelector):
 
     def score_bounds(self, query, num_pages):
         return score_bound(query, self.summaries, self.info.scaling)[..., :num_pages]
+
+    def score_bound_radius(self):
+        # quantized layouts: eta_bar = scaling * ||q|| * rho^ (locks/method/summaries.py score_bound); unquantized
+        # summaries bound by the residual of q outside the page's basis, which the coverage kernel does not compute
+        return (False, None) if isinstance(self.summaries, PageSummaries) else (True, self.summaries.rho)
 
     def memory_bytes(self, length):
         """The whole K/V on the device plus each complete page's summary and the per-head mean (fp32)."""

@@ -48,7 +48,7 @@ def _check_run(run, version_prefix):
     assert run["triton"].startswith(version_prefix) and run["arch"] == 90 and not run["partial"]
     assert not run["kernels_not_launched"], run["kernels_not_launched"]
     rows = run["configurations"]
-    assert {r["kernel"] for r in rows} == set(run["kernels"]) and len(run["kernels"]) == 9
+    assert {r["kernel"] for r in rows} == set(run["kernels"]) and len(run["kernels"]) == 11
     assert all(r["status"] == "compiled" and not r["violations"] for r in rows)
     # the constexpr branches the harness takes are all there
     cx = {}
@@ -59,6 +59,8 @@ def _check_run(run, version_prefix):
     assert cx["_decode_split_kernel", "HAS_VALID"] == cx["_decode_split_kernel", "LENGTH_PTR"] == {False, True}
     assert cx["_locks_score_kernel", "AGG"] == {0, 1, 2, 3} and cx["_locks_score_kernel", "BOUNDS"] == {0, 2}
     assert cx["_quest_score_kernel", "REDUCE"] == {0, 1, 2} and cx["_aggregate_kernel", "MODE"] == {2, 3}
+    assert cx["_coverage_split_kernel", "CERT"] == cx["_coverage_reduce_kernel", "CERT"] == {False, True}
+    assert cx["_coverage_reduce_kernel", "HAS_SINKS"] == {False, True}
     # at the GPU benchmark's shapes (bf16): no spills, and the split-K decodes run in one wave
     bench_keys = {(b["kernel"], b["site"]) for b in run["benchmark_launches"]}
     assert ("_locks_score_kernel", "bench_decode locks_score") in bench_keys

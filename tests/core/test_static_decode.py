@@ -91,7 +91,7 @@ def test_static_decode_matches_eager(tiny, method, budget, options):
     assert set(b["diagnostics"]) == names and set(a["diagnostics"]) == names
     if method == "locks":
         assert a["diagnostics"]["certificate_sound"] == 1.0 and b["diagnostics"]["certificate_sound"] == 1.0
-    for name, value in b["diagnostics"].items():
+    for name, value in a["diagnostics"].items():
         assert b["diagnostics"][name] == pytest.approx(value, rel=1e-5), name
     if method != "fullkv":  # the budget is really selecting here
         assert a["attended_tokens_per_step"] < a["context_tokens_per_step"] and a["coverage"] < 1
@@ -110,10 +110,16 @@ def test_methods_without_a_static_path_say_why(tiny, name, options):
 
 @pytest.mark.parametrize("method", ["locks", "quest", "rocketkv"])
 def test_static_decode_triton_matches_torch(tiny, method):
-    """The fused kernels in the static step (interpreter on CPU) select and attend as the reference does."""
-    ref, _ = run(tiny, method, 128, {}, True, "torch", n=12)
+    """The fused kernels in the static step (interpreter on CPU) select and attend as the reference does, and
+    measure the same coverage and certificate (locks/kernels/coverage.py against the reference ops)."""
+    ref, ref_cache = run(tiny, method, 128, {}, True, "torch", n=12)
     out, cache = run(tiny, method, 128, {}, True, "triton", n=12)
     assert cache.backend == "triton" and torch.equal(out, ref)
+    a, b = ref_cache.stats.summary(), cache.stats.summary()
+    assert a["coverage"] < 1 and b["coverage"] == pytest.approx(a["coverage"], rel=1e-5)
+    assert b["diagnostics"].keys() == a["diagnostics"].keys()
+    for name, value in a["diagnostics"].items():
+        assert b["diagnostics"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
 
 
 def test_static_decode_whole_generation_within_budget(tiny):

@@ -160,3 +160,32 @@ def test_bench_e2e_dry_run(tmp_path):
     for method in ("shadowkv", "rocketkv"):  # keep fewer tokens' K/V on the device than the cache holds
         assert design[method]["kv"] < design["fullkv"]["kv"], method
     assert design["shadowkv"]["host"] > 0 and design["lrqk"]["host"] > 0 and design["rocketkv"]["host"] == 0
+    check_t_node_fit(recs, tmp_path)
+
+
+def check_t_node_fit(recs: list[dict], tmp_path):
+    """scripts/fit_t_node.py on the dry run's records: refused (CPU timings, no device profile); on the same records
+    turned into GPU ones whose steps cost their floor plus 3 µs per profiled kernel, it recovers 3 µs."""
+    from tests.helpers import load_script
+
+    fit_t_node = load_script("fit_t_node")
+    dry = tmp_path / "dry.jsonl"
+    dry.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert fit_t_node.main([str(dry)]) == 1
+    gpu = []
+    for r in recs:
+        if r["kind"] == "profile":
+            gpu.append(dict(r, time_unit="device_us", kernels_per_step=100 + 37 * len(gpu)))
+    steps = {tuple(p[k] for k in ("shape", "context", "batch", "method")): p["kernels_per_step"] for p in gpu}
+    for r in recs:
+        if r["kind"] == "e2e":
+            nodes = steps[(r["shape"], r["context"], r["batch"], r["method"])]
+            gpu.append(dict(r, timing="cuda_graph", ms_graph=r["floor_ms"] + nodes * 3e-3))
+    assert len(gpu) == 2 * len(steps) > 4
+    path = tmp_path / "gpu.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in gpu))
+    assert fit_t_node.main([str(path), "--out", str(tmp_path / "t_node.json")]) == 0
+    result = json.loads((tmp_path / "t_node.json").read_text())
+    assert result["t_node_us"] == pytest.approx(3.0) and result["steps"] == len(steps)
+    assert result["rms_residual_us"] == pytest.approx(0.0, abs=1e-6)
+    assert fit_t_node.main([str(tmp_path / "missing.jsonl")]) == 2
