@@ -179,6 +179,12 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
         kmin = meta(B, H, nq, d, dtype=dtype)
         yield "quest.page_bounds", p, (lambda q=q, a=kmax, b=kmin: QK.quest_page_scores(q, a, b))
         yield "quest.select_static", p, (lambda k=k, a=kmax, b=kmin: QK.quest_append(k, a, b, length_t, PAGE))
+        yield "quest.select_static bounds", p, (lambda q=q, a=kmax, b=kmin: QK.quest_page_scores(
+            q, a, b, length=length_t, page_size=PAGE))
+        for sets in sorted({1, G}):  # gqa=group: one page set per KV head; per_head: G sets and their union counted
+            yield "quest.select_static pages", dict(p, sets=sets), (
+                lambda B=B, H=H, sets=sets, pb=budget // PAGE: QK.quest_static_pages(
+                    meta(B, H, sets, pb - 1, dtype=torch.int64), length_t, PAGE, pb, count=sets > 1))
 
         # locks/core/host_rows.py gather_missed_rows, the static steps of the offloading methods: ShadowKV's value
         # chunks (8 tokens of d values, budget // 8 chunks) and LRQK's cold [K|V] rows (2d values, G * top_k rows)

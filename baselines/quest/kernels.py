@@ -22,16 +22,16 @@ from torch import Tensor
 
 from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, launch, pow2
 
-__all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "QUEST_REDUCE"]
+__all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "quest_static_pages", "QUEST_REDUCE"]
 
 QUEST_REDUCE = {"max": 1, "sum": 2}
 
 
 @triton.jit(do_not_specialize=["Hkv", "G"])
 def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
-                        out_ptr, Hkv, P, G, D,
+                        out_ptr, len_ptr, Hkv, P, G, D,
                         BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                        F32: tl.constexpr, REDUCE: tl.constexpr):
+                        F32: tl.constexpr, REDUCE: tl.constexpr, OPEN_PAGE: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     pb = tl.program_id(1)
     b = bh // Hkv
@@ -57,6 +57,9 @@ def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, 
     else:
         U = tl.dot(qp.to(kmax.dtype), tl.trans(kmax))
         U += tl.dot(qn.to(kmin.dtype), tl.trans(kmin))
+    if OPEN_PAGE > 0:  # static decode: the open page ceil(L / n) - 1 and every later one score -inf (n = OPEN_PAGE)
+        last = (tl.load(len_ptr).to(tl.int32) + OPEN_PAGE - 1) // OPEN_PAGE - 1
+        U = tl.where(offs_p[None, :] >= last, float("-inf"), U)
     if REDUCE == 0:
         tl.store(out_ptr + (bh * G + g)[:, None] * P + offs_p[None, :], U, mask=gmask[:, None] & pmask[None, :])
     else:
@@ -68,7 +71,7 @@ def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, 
 
 
 def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | None,
-            num_warps: int | None) -> Tensor:
+            num_warps: int | None, length: Tensor | None = None, page_size: int = 0) -> Tensor:
     if q.dim() != 3 or kmax.dim() != 4 or kmax.shape != kmin.shape:
         raise ValueError(f"expected q [B, Hq, d] and kmax/kmin [B, Hkv, P, d] (got {tuple(q.shape)}, "
                          f"{tuple(kmax.shape)}, {tuple(kmin.shape)})")
@@ -96,15 +99,20 @@ def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | N
         launch(
             _quest_score_kernel, (B * H, cdiv(P, block_p)),
             q, q.stride(0), q.stride(1), kmax, kmin, kmax.stride(0), kmax.stride(1), kmax.stride(2),
-            out, H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p, BLOCK_D=pow2(d, 16), F32=f32, REDUCE=reduce,
+            out, out if length is None else length.reshape(1), H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p,
+            BLOCK_D=pow2(d, 16), F32=f32, REDUCE=reduce, OPEN_PAGE=0 if length is None else int(page_size),
             num_warps=num_warps)
     return out
 
 
-def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, block_p: int | None = None,
-                      num_warps: int | None = None) -> Tensor:
-    """U [B, Hq, P] fp32 per query head; q [B, Hq, d], kmax/kmin [B, Hkv, P, d] (kmax >= kmin)."""
-    return _launch(q, kmax, kmin, 0, block_p, num_warps)
+def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, length: Tensor | None = None, page_size: int = 0,
+                      block_p: int | None = None, num_warps: int | None = None) -> Tensor:
+    """U [B, Hq, P] fp32 per query head; q [B, Hq, d], kmax/kmin [B, Hkv, P, d] (kmax >= kmin). With `length` (a
+    one-element device tensor, static decode) the open page ceil(L / page_size) - 1 and every later page score -inf:
+    the candidates of the kernel page rule."""
+    if length is not None and page_size <= 0:
+        raise ValueError("quest_page_scores: a length needs the page size")
+    return _launch(q, kmax, kmin, 0, block_p, num_warps, length, page_size)
 
 
 def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max", *, block_p: int | None = None,
@@ -148,3 +156,50 @@ def quest_append(keys: Tensor, kmax: Tensor, kmin: Tensor, length: Tensor, page_
     launch(_quest_append_kernel, (B * H,), keys, keys.stride(0), keys.stride(1), keys.stride(2), kmax, kmin,
            kmax.stride(0), kmax.stride(1), kmax.stride(2), length.reshape(1), H, d, P=page_size, BLOCK_D=pow2(d, 16),
            num_warps=1)
+
+
+@triton.jit(do_not_specialize=["S", "KT", "page_budget"])
+def _quest_pages_kernel(top_ptr, len_ptr, pages_ptr, att_ptr, flat_ptr, S, KT, page_budget,
+                        N: tl.constexpr, COUNT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)  # b * Hkv + h
+    L = tl.load(len_ptr).to(tl.int64)
+    last = (L + N - 1) // N - 1  # the open page
+    s = tl.arange(0, BLOCK_S)[:, None]
+    k = tl.arange(0, BLOCK_K)[None, :]
+    used = (s < S) & (k <= KT)
+    big = tl.full([BLOCK_S, BLOCK_K], 2**62, dtype=tl.int64)  # sorts after every page id
+    top = tl.load(top_ptr + (r * S + s) * KT + k, mask=(s < S) & (k < KT), other=2**62).to(tl.int64)
+    top = tl.sort(top, dim=1)  # ascending; slot KT onwards holds the padding
+    page = tl.where(k < KT, top, last)
+    page = tl.where(last < page_budget, k.to(tl.int64) + tl.zeros_like(page), page)  # everything fits: 0 .. budget - 1
+    tl.store(pages_ptr + (r * S + s) * (KT + 1) + k, page, mask=used)
+    if COUNT:  # tokens read for this KV head: the union of its S page sets, sum of min(n, L - j n) over distinct j
+        flat = tl.sort(tl.reshape(tl.where(used, page, big), [BLOCK_S * BLOCK_K]), dim=0)
+        i = tl.arange(0, BLOCK_S * BLOCK_K)
+        tl.store(flat_ptr + r * BLOCK_S * BLOCK_K + i, flat)
+        tl.debug_barrier()
+        prev = tl.load(flat_ptr + r * BLOCK_S * BLOCK_K + i - 1, mask=i > 0, other=-1)
+        tokens = tl.minimum(tl.maximum(L - flat * N, 0), N)
+        new = (flat != prev) & (flat < 2**62)
+        tl.store(att_ptr + r, tl.sum(tl.where(new, tokens, 0), axis=0).to(tl.float64))
+
+
+def quest_static_pages(top: Tensor, length: Tensor, page_size: int, page_budget: int,
+                       count: bool) -> tuple[Tensor, Tensor | None]:
+    """The page list of a static Quest step (kernel rule) from the top candidates of each set, top [B, Hkv, S, Kt]
+    (torch.topk of the masked bounds, Kt = page_budget - 1), in one launch: per set the Kt pages ascending, then the
+    open page ceil(L / n) - 1, or pages 0 .. page_budget - 1 while the open page is below page_budget -> (pages
+    [B, Hkv, S, Kt + 1] int64, with `count` the distinct tokens each KV head reads over its S sets [B, Hkv] fp64).
+    Oracle: the torch branch of `QuestSelector.select_static` and `locks.core.reference.paged_attended`."""
+    check_device(_quest_pages_kernel, top, length)
+    B, H, S, KT = top.shape
+    if KT + 1 != page_budget:
+        raise ValueError(f"quest_static_pages: {KT} top pages for a page budget of {page_budget}")
+    top = top.contiguous()
+    pages = torch.empty(B, H, S, KT + 1, dtype=torch.int64, device=top.device)
+    block_s, block_k = pow2(S, 2), pow2(KT + 1, 2)  # tl.sort sorts along dimensions of 2 or more
+    attended = empty(B, H, dtype=torch.float64, device=top.device) if count else None
+    flat = torch.empty(B * H * block_s * block_k if count else 1, dtype=torch.int64, device=top.device)
+    launch(_quest_pages_kernel, (B * H,), top, length.reshape(1), pages, attended if count else flat, flat, S, KT,
+           page_budget, N=page_size, COUNT=count, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4)
+    return pages, attended

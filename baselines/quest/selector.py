@@ -262,11 +262,8 @@ class QuestSelector(Selector):
         if self.dense:
             return Selection.all_tokens()
         if self.info.backend == "triton":
-            from baselines.quest.kernels import quest_append
-
-            quest_append(keys, self._max, self._min, length, self.page_size)
-        else:
-            self._append_static_reference(keys, length)
+            return self._select_static_fused(query, keys, length)
+        self._append_static_reference(keys, length)
         if self.static_fits:
             return Selection.all_tokens()
         B, Hkv = keys.shape[:2]
@@ -277,11 +274,7 @@ class QuestSelector(Selector):
         capacity_pages = self._max.shape[2]
         scores = self.page_bounds(query, capacity_pages)
         scores = scores.masked_fill(torch.arange(capacity_pages, device=dev) >= last, float("-inf"))
-        if self.gqa == "group":
-            if self.group_reduce == "max":
-                scores = scores.amax(2, keepdim=True)
-            else:
-                scores = scores.sort(dim=2).values.sum(2, keepdim=True)
+        scores = self._static_sets(scores)
         sets = scores.shape[2]
         # torch.topk, not the eager path's stable sort of every page: a full sort per step would dominate the
         # step at long context (ties between exactly equal bounds then go either way, as in the official select-k)
@@ -289,6 +282,34 @@ class QuestSelector(Selector):
         pages = torch.cat([top, last.expand(B, Hkv, sets, 1)], dim=-1)
         pages = torch.where(last < page_budget, torch.arange(page_budget, device=dev), pages)
         return Selection(pages=pages, page_size=P, attended_on_host=sets == 1)
+
+    def _static_sets(self, scores):
+        """[B, Hkv, G, pages] bounds -> one set per query head (gqa=per_head) or one per KV head (gqa=group)."""
+        if self.gqa != "group":
+            return scores
+        if self.group_reduce == "max":
+            return scores.amax(2, keepdim=True)
+        return scores.sort(dim=2).values.sum(2, keepdim=True)
+
+    def _select_static_fused(self, query, keys, length):
+        """`select_static` in four launches (baselines/quest/kernels.py): the min/max update, the bounds with the open
+        page and later ones masked, torch.topk, and the page list with each KV head's union of its sets counted."""
+        from baselines.quest.kernels import quest_append, quest_page_scores, quest_static_pages
+
+        quest_append(keys, self._max, self._min, length, self.page_size)
+        if self.static_fits:
+            return Selection.all_tokens()
+        B, Hq, _ = query.shape
+        Hkv = keys.shape[1]
+        cap = self._max.shape[2]
+        scores = quest_page_scores(query, self._max, self._min, length=length, page_size=self.page_size).view(
+            B, Hkv, Hq // Hkv, cap)
+        scores = self._static_sets(scores)
+        top = torch.topk(scores, self.page_budget - 1, dim=-1).indices
+        per_head = scores.shape[2] > 1
+        pages, attended = quest_static_pages(top, length, self.page_size, self.page_budget, count=per_head)
+        return Selection(pages=pages, page_size=self.page_size, attended_on_host=not per_head,
+                         attended_rows=attended)
 
     def after_static_step(self, keys, values, length):
         if not self.dense:

@@ -247,6 +247,8 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
     if not sel.attended_on_host and cache.device_accounting:
         if sel.dense:
             attended = length.to(torch.float64)
+        elif sel.attended_rows is not None:
+            attended = sel.attended_rows.mean().reshape(1)
         elif sel.pages is not None:
             attended = paged_attended(sel, length, C).mean().to(torch.float64).reshape(1)
         else:

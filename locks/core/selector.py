@@ -130,6 +130,9 @@ class Selection:
     # Static decode only: [3] float64 on the device, (metadata, K/V, host-to-device) bytes of this step that depend
     # on its data (rebuilt keys, misses), added to what `static_step_cost` names; summed on the device, read once.
     device_bytes: Tensor | None = None
+    # Static decode only: [B, Hkv] fp64, the distinct tokens each KV head reads this step, counted by the selector's
+    # own kernel (Quest's per-head page sets); None: the step counts them from the page or token list
+    attended_rows: Tensor | None = None
 
     @staticmethod
     def all_tokens() -> "Selection":

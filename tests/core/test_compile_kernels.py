@@ -48,7 +48,7 @@ def _check_run(run, version_prefix):
     assert run["triton"].startswith(version_prefix) and run["arch"] == 90 and not run["partial"]
     assert not run["kernels_not_launched"], run["kernels_not_launched"]
     rows = run["configurations"]
-    assert {r["kernel"] for r in rows} == set(run["kernels"]) and len(run["kernels"]) == 11
+    assert {r["kernel"] for r in rows} == set(run["kernels"]) and len(run["kernels"]) == 12
     assert all(r["status"] == "compiled" and not r["violations"] for r in rows)
     # the constexpr branches the harness takes are all there
     cx = {}
@@ -61,6 +61,7 @@ def _check_run(run, version_prefix):
     assert cx["_quest_score_kernel", "REDUCE"] == {0, 1, 2} and cx["_aggregate_kernel", "MODE"] == {2, 3}
     assert cx["_coverage_split_kernel", "CERT"] == cx["_coverage_reduce_kernel", "CERT"] == {False, True}
     assert cx["_coverage_reduce_kernel", "HAS_SINKS"] == {False, True}
+    assert cx["_quest_score_kernel", "OPEN_PAGE"] == {0, 16} and cx["_quest_pages_kernel", "COUNT"] == {False, True}
     # at the GPU benchmark's shapes (bf16): no spills, and the split-K decodes run in one wave
     bench_keys = {(b["kernel"], b["site"]) for b in run["benchmark_launches"]}
     assert ("_locks_score_kernel", "bench_decode locks_score") in bench_keys

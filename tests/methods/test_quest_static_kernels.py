@@ -1,0 +1,41 @@
+"""Quest's static-step kernels (baselines/quest/kernels.py) against the reference ops: the bounds masked from the
+open page on, and the page list with each KV head's union of its page sets."""
+import pytest
+import torch
+
+from baselines.quest.kernels import quest_page_scores, quest_static_pages
+from locks.core.reference import paged_attended
+from locks.core.selector import Selection
+from locks.kernels import poisoned
+
+
+@pytest.mark.parametrize("L", [97, 96, 40, 16])
+def test_masked_bounds_are_the_reference_bounds_before_the_open_page(L):
+    gen = torch.Generator().manual_seed(L)
+    q = torch.randn(2, 6, 32, generator=gen)
+    a, b = torch.randn(2, 2, 8, 32, generator=gen), torch.randn(2, 2, 8, 32, generator=gen)
+    kmax, kmin = torch.maximum(a, b), torch.minimum(a, b)
+    full = quest_page_scores(q, kmax, kmin)
+    masked = quest_page_scores(q, kmax, kmin, length=torch.tensor([L]), page_size=16)
+    last = -(-L // 16) - 1
+    assert torch.equal(masked[..., :last], full[..., :last]) and torch.isneginf(masked[..., last:]).all()
+
+
+@pytest.mark.parametrize("L,sets", [(300, 4), (300, 1), (257, 3), (40, 4), (64, 2)])
+def test_page_list_and_union_count_match_the_reference(L, sets):
+    gen = torch.Generator().manual_seed(L + sets)
+    B, H, n, page_budget = 2, 3, 16, 5
+    last = -(-L // n) - 1
+    top = torch.stack([torch.stack([torch.stack([torch.randperm(max(last, page_budget - 1), generator=gen)[
+        : page_budget - 1] for _ in range(sets)]) for _ in range(H)]) for _ in range(B)])
+    length = torch.tensor([L])
+    with poisoned():
+        pages, attended = quest_static_pages(top, length, n, page_budget, count=sets > 1)
+    ref = torch.cat([top.sort(-1).values, torch.full((B, H, sets, 1), last)], -1)
+    ref = torch.where(torch.tensor(last) < page_budget, torch.arange(page_budget), ref)
+    assert torch.equal(pages, ref)
+    if sets == 1:
+        assert attended is None
+    else:
+        want = paged_attended(Selection(pages=ref, page_size=n), length, 512)
+        assert torch.equal(attended, want.double())
