@@ -9,6 +9,7 @@ class FullKVSelector(Selector):
     display_name = "FullKV"
     report_order = 0
     uses_budget = False
+    row_state = ()
 
     def select(self, query, keys, values) -> Selection:
         return Selection.all_tokens()

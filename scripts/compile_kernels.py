@@ -7,7 +7,8 @@ and Quest selectors, `scripts/bench_decode.py` with its `--tune` variants, `scri
 selectors) on tensors of the "meta" device (1M-token shapes cost no memory), over
 
     dtypes bf16 / fp16 / fp32, head dims 64 / 128, GQA groups 1 2 3 4 7 8 16, page size 16, the models' shapes,
-    contexts 4K (+ a length that is not a multiple of 16) / 128K / 256K / 1M, budgets 64 ... 2048, batch 1 / 4,
+    contexts 4K (+ a length that is not a multiple of 16) / 128K / 256K / 1M, budgets 64 ... 2048, batch 1 / 4
+    (the static decode's device length one for every row, and at batch 4 also one per row),
 
 so the block sizes, num_warps and constexpr branches are the ones the entry points pick at launch. Each launch is
 turned into its compile key by Triton's own launch-time specialization (the JIT's binder: argument types, ints equal
@@ -131,32 +132,39 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
             yield "attention.sparse_kv (eager)", dict(p, Gs=gs, valid=valid), (
                 lambda q=q, k=k, v=v, idx=idx, ok=ok, s=scaling: K.sparse_decode(q, k, v, idx, ok, s))
 
-        # locks/core/attention.py static_decode_step: FullKV, LOCKS's page list (int32 + validity), Quest's (int64)
-        yield "static_decode_step fullkv", p, (lambda q=q, k=k, v=v, s=scaling: K.full_decode(q, k, v, s,
-                                                                                            length=length_t))
+        # locks/core/attention.py static_decode_step: FullKV, LOCKS's page list (int32 + validity), Quest's (int64);
+        # the device length one for every row, or one per row (a batch of rows of different lengths: PER_ROW)
+        lengths = [(length_t, p)] + ([(meta(B, dtype=torch.int64), dict(p, per_row=True))] if B > 1 else [])
         kp = budget // PAGE + 1  # Kt + S + R + 1 (locks/core/paging.py static_page_list)
-        yield "static_decode_step locks", p, (lambda q=q, k=k, v=v, s=scaling, kp=kp, B=B, H=H: K.paged_decode(
-            q, k, v, meta(B, H, 1, kp, dtype=torch.int32), s, meta(B, H, 1, kp, dtype=torch.bool), page_size=PAGE,
-            length=length_t))
-        for gs in sorted({1, G}):
-            yield "static_decode_step quest", dict(p, Gs=gs), (
-                lambda q=q, k=k, v=v, s=scaling, gs=gs, B=B, H=H: K.paged_decode(
-                    q, k, v, meta(B, H, gs, budget // PAGE, dtype=torch.int64), s, None, page_size=PAGE,
-                    length=length_t))
+        for lt, lp in lengths:
+            yield "static_decode_step fullkv", lp, (lambda q=q, k=k, v=v, s=scaling, lt=lt: K.full_decode(
+                q, k, v, s, length=lt))
+            yield "static_decode_step locks", lp, (lambda q=q, k=k, v=v, s=scaling, kp=kp, B=B, H=H, lt=lt:
+                                                    K.paged_decode(q, k, v, meta(B, H, 1, kp, dtype=torch.int32), s,
+                                                                   meta(B, H, 1, kp, dtype=torch.bool),
+                                                                   page_size=PAGE, length=lt))
+            for gs in sorted({1, G}):
+                yield "static_decode_step quest", dict(lp, Gs=gs), (
+                    lambda q=q, k=k, v=v, s=scaling, gs=gs, B=B, H=H, lt=lt: K.paged_decode(
+                        q, k, v, meta(B, H, gs, budget // PAGE, dtype=torch.int64), s, None, page_size=PAGE,
+                        length=lt))
 
         # locks/core/attention.py static_decode_step with measure_coverage: every method's coverage (with and without
-        # attention sinks) and a page selector's certificate (LOCKS: rho of the quantized summaries)
-        lse, cov, diag = meta(B, Hq, dtype=torch.float32), meta(1, dtype=torch.float64), meta(3, 2, dtype=torch.float64)
-        for sinks in (None, meta(Hq, dtype=dtype)):
-            yield "static_decode_step coverage", dict(p, sinks=sinks is not None), (
-                lambda q=q, k=k, s=scaling, lse=lse, sinks=sinks, cov=cov: K.coverage_step(
-                    q, k, length_t, s, lse, sinks, cov))
+        # attention sinks) and a page selector's certificate (LOCKS: rho of the quantized summaries), into the layer's
+        # per-row counters (cache.static_coverage[layer] [B], cache.static_diagnostics[layer] [B, 3, 2])
+        lse, cov, diag = (meta(B, Hq, dtype=torch.float32), meta(B, dtype=torch.float64),
+                          meta(B, 3, 2, dtype=torch.float64))
         cert = dict(scores=meta(B, Hq, P, dtype=torch.float32), rho=meta(B, H, P, dtype=torch.float16),
                     pages=meta(B, H, 1, kp, dtype=torch.int32), valid=meta(B, H, 1, kp, dtype=torch.bool),
                     sink_pages=SINK_PAGES, recent_pages=RECENT_PAGES, page_size=PAGE, budget=budget, tol=1e-5)
-        yield "static_decode_step coverage locks", p, (
-            lambda q=q, k=k, s=scaling, lse=lse, cov=cov, cert=cert, diag=diag: K.coverage_step(
-                q, k, length_t, s, lse, None, cov, cert, diag))
+        for lt, lp in lengths:
+            for sinks in (None, meta(Hq, dtype=dtype)):
+                yield "static_decode_step coverage", dict(lp, sinks=sinks is not None), (
+                    lambda q=q, k=k, s=scaling, lse=lse, sinks=sinks, cov=cov, lt=lt: K.coverage_step(
+                        q, k, lt, s, lse, sinks, cov))
+            yield "static_decode_step coverage locks", lp, (
+                lambda q=q, k=k, s=scaling, lse=lse, cov=cov, cert=cert, diag=diag, lt=lt: K.coverage_step(
+                    q, k, lt, s, lse, None, cov, cert, diag))
 
         # locks/method/selector.py: scored_pages (eager, candidate range as ints) and static_candidate_scores (the
         # range read from the device length); every aggregation mode of conf/method/locks.yaml
@@ -165,26 +173,28 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
             yield "locks_selector.scored_pages", dict(p, mode=mode), (
                 lambda q=q, s=s, sc=scaling, G=G, mode=mode, P=P: LK.locks_aggregated_scores(
                     q, s, sc, G, mode=mode, lo=SINK_PAGES, hi=P - RECENT_PAGES, return_heads=True))
-            yield "locks_selector.static_candidate_scores", dict(p, mode=mode), (
-                lambda q=q, s=s, sc=scaling, G=G, mode=mode: LK.locks_aggregated_scores(
-                    q, s, sc, G, mode=mode, lo=SINK_PAGES, hi=RECENT_PAGES, length=length_t, return_heads=True))
+            for lt, lp in lengths:
+                yield "locks_selector.static_candidate_scores", dict(lp, mode=mode), (
+                    lambda q=q, s=s, sc=scaling, G=G, mode=mode, lt=lt: LK.locks_aggregated_scores(
+                        q, s, sc, G, mode=mode, lo=SINK_PAGES, hi=RECENT_PAGES, length=lt, return_heads=True))
         # locks/method/selector.py select_static: the step's page list in one launch
         kt = budget // PAGE - SINK_PAGES - RECENT_PAGES
-        if kt > 0:
-            yield "locks_selector.select_static", p, (lambda B=B, H=H, kt=kt, budget=budget: K.static_pages(
-                meta(B, H, kt, dtype=torch.int64), length_t, budget, PAGE, SINK_PAGES, RECENT_PAGES))
+        for lt, lp in lengths if kt > 0 else ():
+            yield "locks_selector.select_static", lp, (lambda B=B, H=H, kt=kt, budget=budget, lt=lt: K.static_pages(
+                meta(B, H, kt, dtype=torch.int64), lt, budget, PAGE, SINK_PAGES, RECENT_PAGES))
 
         # baselines/quest.py: page_bounds (eager and static; metadata in the keys' dtype) and the static min/max update
         kmax = meta(B, H, nq, d, dtype=dtype)
         kmin = meta(B, H, nq, d, dtype=dtype)
         yield "quest.page_bounds", p, (lambda q=q, a=kmax, b=kmin: QK.quest_page_scores(q, a, b))
-        yield "quest.select_static", p, (lambda k=k, a=kmax, b=kmin: QK.quest_append(k, a, b, length_t, PAGE))
-        yield "quest.select_static bounds", p, (lambda q=q, a=kmax, b=kmin: QK.quest_page_scores(
-            q, a, b, length=length_t, page_size=PAGE))
-        for sets in sorted({1, G}):  # gqa=group: one page set per KV head; per_head: G sets and their union counted
-            yield "quest.select_static pages", dict(p, sets=sets), (
-                lambda B=B, H=H, sets=sets, pb=budget // PAGE: QK.quest_static_pages(
-                    meta(B, H, sets, pb - 1, dtype=torch.int64), length_t, PAGE, pb, count=sets > 1))
+        for lt, lp in lengths:
+            yield "quest.select_static", lp, (lambda k=k, a=kmax, b=kmin, lt=lt: QK.quest_append(k, a, b, lt, PAGE))
+            yield "quest.select_static bounds", lp, (lambda q=q, a=kmax, b=kmin, lt=lt: QK.quest_page_scores(
+                q, a, b, length=lt, page_size=PAGE))
+            for sets in sorted({1, G}):  # gqa=group: one page set per KV head; per_head: G sets, their union counted
+                yield "quest.select_static pages", dict(lp, sets=sets), (
+                    lambda B=B, H=H, sets=sets, pb=budget // PAGE, lt=lt: QK.quest_static_pages(
+                        meta(B, H, sets, pb - 1, dtype=torch.int64), lt, PAGE, pb, count=sets > 1))
 
         # locks/core/host_rows.py gather_missed_rows, the static steps of the offloading methods: ShadowKV's value
         # chunks (8 tokens of d values, budget // 8 chunks) and LRQK's cold [K|V] rows (2d values, G * top_k rows)

@@ -12,6 +12,11 @@ sum over the G heads, 4 B per page) -- the `gqa=group` mode of the Quest selecto
 
 `_quest_append_kernel` -- grid (B * Hkv): the static decode's metadata update, the new key (at the device length
 minus one) folded into its page's max/min in one launch.
+
+`_quest_pages_kernel` -- grid (B * Hkv): the static step's page list and each KV head's union count.
+
+The static kernels read the device length: one for every row, or row b's own (constexpr PER_ROW), so that rows of
+different lengths decode in one batch.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, launch, pow2
+from locks.kernels.decode import device_length
 
 __all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "quest_static_pages", "QUEST_REDUCE"]
 
@@ -31,7 +37,7 @@ QUEST_REDUCE = {"max": 1, "sum": 2}
 def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
                         out_ptr, len_ptr, Hkv, P, G, D,
                         BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                        F32: tl.constexpr, REDUCE: tl.constexpr, OPEN_PAGE: tl.constexpr):
+                        F32: tl.constexpr, REDUCE: tl.constexpr, OPEN_PAGE: tl.constexpr, PER_ROW: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     pb = tl.program_id(1)
     b = bh // Hkv
@@ -58,6 +64,8 @@ def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, 
         U = tl.dot(qp.to(kmax.dtype), tl.trans(kmax))
         U += tl.dot(qn.to(kmin.dtype), tl.trans(kmin))
     if OPEN_PAGE > 0:  # static decode: the open page ceil(L / n) - 1 and every later one score -inf (n = OPEN_PAGE)
+        if PER_ROW:
+            len_ptr += b
         last = (tl.load(len_ptr).to(tl.int32) + OPEN_PAGE - 1) // OPEN_PAGE - 1
         U = tl.where(offs_p[None, :] >= last, float("-inf"), U)
     if REDUCE == 0:
@@ -95,21 +103,24 @@ def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | N
     block_p = block_p or (32 if wide_f32 else 64)
     num_warps = num_warps or (8 if wide_f32 else 4)
     out = empty(B, Hq if reduce == 0 else H, P, dtype=torch.float32, device=q.device)
+    per_row = False
+    if length is not None:
+        length, per_row = device_length(length, B)
     if P > 0:
         launch(
             _quest_score_kernel, (B * H, cdiv(P, block_p)),
             q, q.stride(0), q.stride(1), kmax, kmin, kmax.stride(0), kmax.stride(1), kmax.stride(2),
-            out, out if length is None else length.reshape(1), H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p,
+            out, out if length is None else length, H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p,
             BLOCK_D=pow2(d, 16), F32=f32, REDUCE=reduce, OPEN_PAGE=0 if length is None else int(page_size),
-            num_warps=num_warps)
+            PER_ROW=per_row, num_warps=num_warps)
     return out
 
 
 def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, length: Tensor | None = None, page_size: int = 0,
                       block_p: int | None = None, num_warps: int | None = None) -> Tensor:
     """U [B, Hq, P] fp32 per query head; q [B, Hq, d], kmax/kmin [B, Hkv, P, d] (kmax >= kmin). With `length` (a
-    one-element device tensor, static decode) the open page ceil(L / page_size) - 1 and every later page score -inf:
-    the candidates of the kernel page rule."""
+    device tensor of 1 element, every row's, or B, row b's: static decode) the open page ceil(L / page_size) - 1 and
+    every later page score -inf: the candidates of the kernel page rule."""
     if length is not None and page_size <= 0:
         raise ValueError("quest_page_scores: a length needs the page size")
     return _launch(q, kmax, kmin, 0, block_p, num_warps, length, page_size)
@@ -125,10 +136,12 @@ def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max
 
 @triton.jit(do_not_specialize=["Hkv"])
 def _quest_append_kernel(k_ptr, stride_kb, stride_kh, stride_kl, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
-                         len_ptr, Hkv, D, P: tl.constexpr, BLOCK_D: tl.constexpr):
+                         len_ptr, Hkv, D, P: tl.constexpr, PER_ROW: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     b = bh // Hkv
     h = bh % Hkv
+    if PER_ROW:
+        len_ptr += b
     pos = tl.load(len_ptr).to(tl.int64) - 1
     page = pos // P
     dd = tl.arange(0, BLOCK_D)
@@ -147,21 +160,25 @@ def _quest_append_kernel(k_ptr, stride_kb, stride_kh, stride_kl, mx_ptr, mn_ptr,
 
 def quest_append(keys: Tensor, kmax: Tensor, kmin: Tensor, length: Tensor, page_size: int) -> None:
     """Fold the key at slot length - 1 of keys [B, Hkv, L, d] into its page's kmax/kmin [B, Hkv, P, d] in place (the
-    page restarts from it when it is the page's first key); length is a one-element device tensor (static decode).
-    Oracle: `QuestSelector._append_static_reference`."""
+    page restarts from it when it is the page's first key); length is a device tensor (static decode) of 1 element
+    (every row) or B (row b folds its key at slot length[b] - 1). Oracle: `QuestSelector._append_static_reference`."""
     check_device(_quest_append_kernel, keys, kmax, kmin, length)
     B, H, _, d = keys.shape
+    length, per_row = device_length(length, B)
     if keys.stride(-1) != 1 or kmax.stride(-1) != 1 or kmax.stride() != kmin.stride() or kmax.dtype != keys.dtype:
         raise ValueError("quest_append needs unit-stride rows and metadata of the keys' dtype and layout")
     launch(_quest_append_kernel, (B * H,), keys, keys.stride(0), keys.stride(1), keys.stride(2), kmax, kmin,
-           kmax.stride(0), kmax.stride(1), kmax.stride(2), length.reshape(1), H, d, P=page_size, BLOCK_D=pow2(d, 16),
-           num_warps=1)
+           kmax.stride(0), kmax.stride(1), kmax.stride(2), length, H, d, P=page_size, PER_ROW=per_row,
+           BLOCK_D=pow2(d, 16), num_warps=1)
 
 
-@triton.jit(do_not_specialize=["S", "KT", "page_budget"])
-def _quest_pages_kernel(top_ptr, len_ptr, pages_ptr, att_ptr, flat_ptr, S, KT, page_budget,
-                        N: tl.constexpr, COUNT: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_K: tl.constexpr):
+@triton.jit(do_not_specialize=["Hkv", "S", "KT", "page_budget"])
+def _quest_pages_kernel(top_ptr, len_ptr, pages_ptr, att_ptr, flat_ptr, Hkv, S, KT, page_budget,
+                        N: tl.constexpr, COUNT: tl.constexpr, PER_ROW: tl.constexpr, BLOCK_S: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)  # b * Hkv + h
+    if PER_ROW:
+        len_ptr += r // Hkv
     L = tl.load(len_ptr).to(tl.int64)
     last = (L + N - 1) // N - 1  # the open page
     s = tl.arange(0, BLOCK_S)[:, None]
@@ -190,9 +207,11 @@ def quest_static_pages(top: Tensor, length: Tensor, page_size: int, page_budget:
     (torch.topk of the masked bounds, Kt = page_budget - 1), in one launch: per set the Kt pages ascending, then the
     open page ceil(L / n) - 1, or pages 0 .. page_budget - 1 while the open page is below page_budget -> (pages
     [B, Hkv, S, Kt + 1] int64, with `count` the distinct tokens each KV head reads over its S sets [B, Hkv] fp64).
-    Oracle: the torch branch of `QuestSelector.select_static` and `locks.core.reference.paged_attended`."""
+    length: a device tensor of 1 element (every row's L) or B (row b's). Oracle: the torch branch of
+    `QuestSelector.select_static` and `locks.core.reference.paged_attended`."""
     check_device(_quest_pages_kernel, top, length)
     B, H, S, KT = top.shape
+    length, per_row = device_length(length, B)
     if KT + 1 != page_budget:
         raise ValueError(f"quest_static_pages: {KT} top pages for a page budget of {page_budget}")
     top = top.contiguous()
@@ -200,6 +219,6 @@ def quest_static_pages(top: Tensor, length: Tensor, page_size: int, page_budget:
     block_s, block_k = pow2(S, 2), pow2(KT + 1, 2)  # tl.sort sorts along dimensions of 2 or more
     attended = empty(B, H, dtype=torch.float64, device=top.device) if count else None
     flat = torch.empty(B * H * block_s * block_k if count else 1, dtype=torch.int64, device=top.device)
-    launch(_quest_pages_kernel, (B * H,), top, length.reshape(1), pages, attended if count else flat, flat, S, KT,
-           page_budget, N=page_size, COUNT=count, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4)
+    launch(_quest_pages_kernel, (B * H,), top, length, pages, attended if count else flat, flat, H, S, KT,
+           page_budget, N=page_size, COUNT=count, PER_ROW=per_row, BLOCK_S=block_s, BLOCK_K=block_k, num_warps=4)
     return pages, attended

@@ -51,7 +51,7 @@ from locks.core.buffers import grown
 from locks.core.page_bounds import fold_into_page
 from locks.core.paging import pages_to_tokens
 from locks.core.registry import register
-from locks.core.selector import LayerInfo, Selection, Selector
+from locks.core.selector import LayerInfo, Selection, Selector, row_length
 from locks.errors import ConfigError
 
 PAGE_RULES = ("kernel", "eval")
@@ -64,6 +64,7 @@ class QuestSelector(Selector):
     name = "quest"
     display_name = "Quest"
     report_order = 4
+    row_state = ("_max", "_min")
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
                  dense_layers: int = 2, page_rule: str = "kernel", gqa: str = "per_head", group_reduce: str = "max"):
@@ -249,10 +250,11 @@ class QuestSelector(Selector):
 
     def _append_static_reference(self, keys: Tensor, length: Tensor) -> None:
         """Fold the key at slot length - 1 into its page's max/min on the device (a new page starts from it)."""
-        position = length.reshape(1) - 1
+        position = length.reshape(-1) - 1  # [1], or [B]: each row's own slot (stacked rows)
         page = torch.div(position, self.page_size, rounding_mode="floor")
-        fold_into_page(self._max, self._min, keys.index_select(2, position), page,
-                       opens=position % self.page_size == 0)
+        key = (keys.index_select(2, position) if position.numel() == 1 else
+               keys[torch.arange(keys.shape[0], device=keys.device), :, position].unsqueeze(2))
+        fold_into_page(self._max, self._min, key, page, opens=position % self.page_size == 0)
 
     def select_static(self, query, keys, values, length):
         """The kernel rule at the device length L, as a page list: the top (budget // P - 1) pages among the
@@ -270,7 +272,7 @@ class QuestSelector(Selector):
         P = self.page_size
         page_budget = self.page_budget
         dev = keys.device
-        last = torch.div(length.reshape(()) + P - 1, P, rounding_mode="floor") - 1  # the open page
+        last = torch.div(row_length(length, 4) + P - 1, P, rounding_mode="floor") - 1  # each row's open page
         capacity_pages = self._max.shape[2]
         scores = self.page_bounds(query, capacity_pages)
         scores = scores.masked_fill(torch.arange(capacity_pages, device=dev) >= last, float("-inf"))

@@ -22,7 +22,7 @@ from locks.core.cache import SOFTCAP_ERROR
 from locks.core.reference import (add_sinks, attended_per_kv_head, dense_attention, dense_lse, lse_with_sinks,
                                   paged_attended, paged_tokens, sparse_decode)
 from locks.core.paging import CERTIFICATE_NAMES
-from locks.core.selector import PrefillContext, Selection, StepStats, check_finite
+from locks.core.selector import PrefillContext, Selection, StepStats, check_finite, row_length
 from locks.errors import ConfigError
 
 ATTENTION_NAME = "sparse_kv"
@@ -204,12 +204,17 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: flo
     return fused_sparse_decode(q, keys, values, sel.indices, sel.valid, scaling)
 
 
+def valid_slots(length: Tensor, capacity: int) -> Tensor:
+    """[1 or B, 1, 1, capacity] bool: the slots below each row's static length ([1] or [B])."""
+    return torch.arange(capacity, device=length.device) < row_length(length, 4)
+
+
 def masked_dense_decode(query: Tensor, keys: Tensor, values: Tensor, length: Tensor, scaling: float) -> Tensor:
-    """Attention of query [B, Hq, d] over the first `length` ([1] device tensor) of the preallocated keys/values
-    [B, Hkv, capacity, d] -> [B, Hq, d]: SDPA (GQA-native) with a boolean mask, fixed shapes at every length."""
-    mask = torch.arange(keys.shape[2], device=keys.device) < length
+    """Attention of query [B, Hq, d] over the first `length` ([1] or [B] device tensor) of the preallocated
+    keys/values [B, Hkv, capacity, d] -> [B, Hq, d]: SDPA (GQA-native) with a boolean mask, fixed shapes."""
     out = torch.nn.functional.scaled_dot_product_attention(
-        query.unsqueeze(2), keys, values, attn_mask=mask.view(1, 1, 1, -1), scale=scaling, enable_gqa=True)
+        query.unsqueeze(2), keys, values, attn_mask=valid_slots(length, keys.shape[2]), scale=scaling,
+        enable_gqa=True)
     return out[:, :, 0]
 
 
@@ -223,6 +228,8 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
     selector = cache.selector(layer_idx)
     length = cache.static_length
     q = query[:, :, 0].detach()
+    if cache.static_host_step:  # outside any graph: e.g. LOCKS summarizes the page this step completes
+        cache.static_host_work(layer_idx, keys, values)
     sel = selector.select_static(q, keys, values, length)
     triton = cache.backend == "triton"
     B, Hq = q.shape[:2]
@@ -235,8 +242,7 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
             out, lse = full_decode(q, keys, values, scaling, length=length)
             out, _ = add_sinks(out, lse, sinks)
         elif sinks is not None:
-            alive = (torch.arange(C, device=q.device) < length).view(1, 1, 1, C)
-            out = dense_attention(q.unsqueeze(2), keys, values, alive, scaling, sinks)[0][:, 0]
+            out = dense_attention(q.unsqueeze(2), keys, values, valid_slots(length, C), scaling, sinks)[0][:, 0]
         else:
             out = masked_dense_decode(q, keys, values, length, scaling)
     else:
@@ -244,18 +250,19 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
         out, lse_sink = add_sinks(out, lse, sinks)
     if cache.infos[layer_idx].sliding_window is not None:  # a sliding layer: counted on the host, no coverage
         return out.unsqueeze(1)
+    # accounting per row (cache.static_* [layers, B]): attended tokens are means over the row's KV heads
     if not sel.attended_on_host and cache.device_accounting:
         if sel.dense:
-            attended = length.to(torch.float64)
+            attended = length.to(torch.float64).expand(B)
         elif sel.attended_rows is not None:
-            attended = sel.attended_rows.mean().reshape(1)
+            attended = sel.attended_rows.mean(-1)
         elif sel.pages is not None:
-            attended = paged_attended(sel, length, C).mean().to(torch.float64).reshape(1)
+            attended = paged_attended(sel, length, C).mean(-1).to(torch.float64)
         else:
-            attended = attended_per_kv_head(sel, C).mean().to(torch.float64).reshape(1)
-        cache.static_attended[layer_idx : layer_idx + 1].add_(attended)
+            attended = attended_per_kv_head(sel, C).mean(-1).to(torch.float64)
+        cache.static_attended[layer_idx].add_(attended)
         if sel.kv_bytes is None:  # else the selector's static_step_cost names the step's K/V bytes
-            cache.static_bytes[layer_idx, 1:2].add_(attended * cache.infos[layer_idx].token_kv_bytes)
+            cache.static_bytes[layer_idx, :, 1].add_(attended * cache.infos[layer_idx].token_kv_bytes)
     if sel.device_bytes is not None and cache.device_accounting:
         cache.static_bytes[layer_idx].add_(sel.device_bytes)
     if cache.measure_coverage:
@@ -265,19 +272,19 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
                 certificate is not None and selector.diagnostic_names == CERTIFICATE_NAMES)):
             from locks.kernels.coverage import coverage_step
 
-            coverage_step(q, keys, length, scaling, lse, sinks, cache.static_coverage[layer_idx : layer_idx + 1],
-                          certificate, cache.static_diagnostics[layer_idx])
+            coverage_step(q, keys, length, scaling, lse, sinks, cache.static_coverage[layer_idx], certificate,
+                          cache.static_diagnostics[layer_idx])
             return out.unsqueeze(1)
         if sel.dense:
-            coverage = torch.full((1,), float(B * Hq), dtype=torch.float64, device=q.device)
+            coverage = torch.full((B,), float(Hq), dtype=torch.float64, device=q.device)
         else:
-            alive = (torch.arange(C, device=q.device) < length).expand(B, keys.shape[1], -1)
+            alive = valid_slots(length, C)[:, :, 0].expand(B, keys.shape[1], -1)
             per_head = torch.exp(lse_sink - lse_with_sinks(dense_lse(q, keys, scaling, alive), sinks))  # [B, Hq]
-            coverage = per_head.sum().to(torch.float64).reshape(1)
-        cache.static_coverage[layer_idx : layer_idx + 1].add_(coverage)
+            coverage = per_head.sum(-1).to(torch.float64)
+        cache.static_coverage[layer_idx].add_(coverage)
         if sel.diagnostics is not None and lse is not None:
-            diagnostics = sel.diagnostics(lse)
+            diagnostics = sel.diagnostics(lse, per_row=True)
             if hasattr(sel.diagnostics, "soundness"):
-                diagnostics = {**diagnostics, **sel.diagnostics.soundness(lse, per_head)}
+                diagnostics = {**diagnostics, **sel.diagnostics.soundness(lse, per_head, per_row=True)}
             cache.add_static_diagnostics(layer_idx, diagnostics)
     return out.unsqueeze(1)

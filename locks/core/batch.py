@@ -12,15 +12,24 @@ products can differ.
 Rows finish at different steps. An eager step drops them (the batch shrinks); a static step (fixed shapes, one
 capture per batch) keeps them in place, `live` False: their slot is no longer advanced, their host upkeep and
 accounting stop, and whatever the step still computes for them is never read.
+
+A static step over rows whose selectors all name their device state (`Selector.row_state`) has no row loop:
+`stack_rows` builds one SelectorCache whose K/V, selector state, slot, length and counters are the rows' stacked
+along the batch axis ([B] lengths, one per row), and gives each row's cache and selectors views of them. The model
+then runs one step over that cache, so every kernel runs once for all rows; each row's host hooks (page summaries,
+accounting) still run on its own cache and selectors, which read and write their rows of the stacked tensors.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 
 import torch
+from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from locks.core.cache import SelectorCache
+from locks.core.cache import SelectorCache, SelectorLayer
 from locks.errors import ConfigError
 
 
@@ -65,6 +74,7 @@ class RowBatch(Cache):
         super().__init__(layers=[_RowsLayer(self, i) for i in range(len(rows[0].layers))])
         self.live = [True] * len(self.rows)  # static decode: False for a row that has finished
         self.phase = rows[0].phase
+        self.stacked: SelectorCache | None = None  # static decode of stackable rows: the one cache a step runs on
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -82,11 +92,15 @@ class RowBatch(Cache):
     def start_static(self, capacities: list[int]) -> None:
         if len(capacities) != len(self.rows):
             raise ValueError(f"{len(capacities)} capacities for {len(self.rows)} rows")
+        stack = len(self.rows) > 1 and all(layer.selector.row_state is not None
+                                           for row in self.rows for layer in row.layers)
         for row, capacity in zip(self.rows, capacities):
-            row.start_static(capacity)
+            row.start_static(max(capacities) if stack else capacity)  # stacked rows share one capacity
             # a row that finishes before its first step keeps writing its first decode slot, never a prompt slot
             # (the prompt may be a prefill capture that other runs read)
             row.set_static_position(row.get_seq_length())
+        if stack:
+            self.stacked = stack_rows(self.rows)
         self.phase = "decode_static"
         self.static_position = self.rows[0].static_position
         self.static_host_step = False
@@ -95,7 +109,15 @@ class RowBatch(Cache):
         for row, live, position in zip(self.rows, self.live, positions):
             if live:
                 row.set_static_position(position)
-        self.static_host_step = any(row.static_host_step for row, live in zip(self.rows, self.live) if live)
+        host_rows = [r for r, (row, live) in enumerate(zip(self.rows, self.live)) if live and row.static_host_step]
+        self.static_host_step = bool(host_rows)
+        if self.stacked is not None:
+            self.stacked.static_host_rows, self.stacked.static_host_step = host_rows, bool(host_rows)
+
+    @property
+    def step_cache(self) -> "Cache":
+        """The cache a static step runs the model on: the stacked rows, or this RowBatch (a loop over its rows)."""
+        return self if self.stacked is None else self.stacked
 
     def finish_static_step(self) -> None:
         for row, live in zip(self.rows, self.live):
@@ -127,3 +149,80 @@ def row_attention(attend, module, query, attention_mask, dropout, scaling, batch
                         **{**kwargs, "sparse_cache": row})
         outs.append(out)
     return torch.cat(outs, dim=0), None
+
+
+# ----- stacked rows: one static step over rows of different lengths, no loop -----------------------------------------
+
+
+def _stacked(values: list):
+    """The rows' values of one state attribute stacked along the batch axis: tensors concatenated (zero-padded where
+    a row's buffer is shorter: preallocated slots a static step masks), dataclasses field by field."""
+    first = values[0]
+    if first is None:
+        return None
+    if isinstance(first, Tensor):
+        shape = [max(v.shape[i] for v in values) for i in range(first.dim())]
+        out = first.new_zeros(sum(v.shape[0] for v in values), *shape[1:])
+        start = 0
+        for v in values:
+            out[(slice(start, start + v.shape[0]), *(slice(0, n) for n in v.shape[1:]))] = v
+            start += v.shape[0]
+        return out
+    if dataclasses.is_dataclass(first):
+        return dataclasses.replace(first, **{f.name: _stacked([getattr(v, f.name) for v in values])
+                                             for f in dataclasses.fields(first) if isinstance(getattr(first, f.name), Tensor)})
+    raise TypeError(f"row_state holds a {type(first).__name__}: only tensors and dataclasses of tensors stack")
+
+
+def _row_view(stacked, r: int):
+    """Row r's view of a stacked state value (writes through it land in the stacked tensors)."""
+    if stacked is None or isinstance(stacked, Tensor):
+        return None if stacked is None else stacked[r : r + 1]
+    return dataclasses.replace(stacked, **{f.name: getattr(stacked, f.name)[r : r + 1] for f in dataclasses.fields(stacked)
+                                           if isinstance(getattr(stacked, f.name), Tensor)})
+
+
+def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
+    """One SelectorCache over rows that each started static decoding with the same capacity, every selector naming
+    its `row_state`: K/V, selector state, slot and length ([B], row b's) and device counters stacked along the batch
+    axis; each row's cache, layers and selectors then hold views of them (row b of every stacked tensor), so its
+    host hooks and accounting work on it as before, and a step over the stacked cache is every row's step."""
+    stacked = copy.copy(rows[0])
+    B = len(rows)
+    stacked.static_position = torch.cat([row.static_position for row in rows])
+    stacked.static_length = torch.cat([row.static_length for row in rows])
+    for name in ("static_attended", "static_bytes", "static_coverage"):
+        setattr(stacked, name, torch.cat([getattr(row, name) for row in rows], dim=1))
+    stacked.static_diagnostics = [torch.cat(c) for c in zip(*(row.static_diagnostics for row in rows))]
+    layers = []
+    for i in range(len(rows[0].layers)):
+        row_layers = [row.layers[i] for row in rows]
+        selector = copy.copy(row_layers[0].selector)
+        for name in selector.row_state:
+            value = _stacked([getattr(layer.selector, name, None) for layer in row_layers])
+            setattr(selector, name, value)
+            for r, layer in enumerate(row_layers):
+                if hasattr(layer.selector, name):
+                    setattr(layer.selector, name, _row_view(value, r))
+        layer = SelectorLayer(selector)
+        layer.device = row_layers[0].device
+        layer._k, layer._v = torch.cat([lay._k for lay in row_layers]), torch.cat([lay._v for lay in row_layers])
+        layer.length = max(lay.length for lay in row_layers)
+        layer.is_initialized = True
+        layer.static_position = stacked.static_position
+        layer.static_rows = torch.arange(B, device=layer._k.device)  # the row index of each slot write
+        layers.append(layer)
+    stacked.layers = layers
+    for r, row in enumerate(rows):
+        row.static_position, row.static_length = stacked.static_position[r : r + 1], stacked.static_length[r : r + 1]
+        for name in ("static_attended", "static_bytes", "static_coverage"):
+            setattr(row, name, getattr(stacked, name)[:, r : r + 1])
+        row.static_diagnostics = [c[r : r + 1] for c in stacked.static_diagnostics]
+        for layer, big in zip(row.layers, layers):
+            layer._k, layer._v = big._k[r : r + 1], big._v[r : r + 1]
+            layer.static_position = row.static_position
+    stacked.row_caches, stacked.static_host_rows, stacked.static_host_step = list(rows), [], False
+    stacked.stats = None  # each row accounts into its own cache's stats
+    if B != stacked.layers[0]._k.shape[0]:
+        raise ValueError("stacked rows must each hold one sequence")
+    return stacked

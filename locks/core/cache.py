@@ -98,8 +98,12 @@ class SelectorLayer(DynamicLayer):
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if self.static_position is not None:  # static decode: write the slot named on the device, return all slots
-            self._k.index_copy_(2, self.static_position, key_states)
-            self._v.index_copy_(2, self.static_position, value_states)
+            if self.static_position.numel() == 1:
+                self._k.index_copy_(2, self.static_position, key_states)
+                self._v.index_copy_(2, self.static_position, value_states)
+            else:  # stacked rows (locks/core/batch.py): row b's token goes to its own slot static_position[b]
+                self._k[self.static_rows, :, self.static_position] = key_states[:, :, 0]
+                self._v[self.static_rows, :, self.static_position] = value_states[:, :, 0]
             return self._k, self._v
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -291,16 +295,19 @@ class SelectorCache(Cache):
         if capacity <= length:
             raise ConfigError(f"static decode capacity {capacity} must exceed the cached length {length}")
         device = self.layers[0]._k.device
+        B, n = self.layers[0]._k.shape[0], len(self.layers)
         self.static_position = torch.zeros(1, dtype=torch.long, device=device)
         self.static_length = torch.ones(1, dtype=torch.long, device=device)
-        self.static_attended = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
-        # per layer: (metadata, K/V, host-to-device) bytes known only on the device (Selection.device_bytes, and the
-        # K/V of tokens counted on the device)
-        self.static_bytes = torch.zeros(len(self.layers), 3, dtype=torch.float64, device=device)
-        self.static_coverage = torch.zeros(len(self.layers), dtype=torch.float64, device=device)
-        # per layer and diagnostic name of its selector: (sum, count) of Selection.diagnostics, when measured
-        self.static_diagnostics = [torch.zeros(len(layer.selector.diagnostic_names), 2, dtype=torch.float64,
+        # The device counters, per layer and row (rows stacked into one step each keep their own, as views):
+        # attended tokens per KV head counted on the device; (metadata, K/V, host-to-device) bytes known only there
+        # (Selection.device_bytes, the K/V of tokens counted there); coverage summed over the row's query heads;
+        # per diagnostic name of the layer's selector, the (sum, count) of Selection.diagnostics, when measured
+        self.static_attended = torch.zeros(n, B, dtype=torch.float64, device=device)
+        self.static_bytes = torch.zeros(n, B, 3, dtype=torch.float64, device=device)
+        self.static_coverage = torch.zeros(n, B, dtype=torch.float64, device=device)
+        self.static_diagnostics = [torch.zeros(B, len(layer.selector.diagnostic_names), 2, dtype=torch.float64,
                                                device=device) for layer in self.layers]
+        self.static_host_rows: list | None = None  # stacked rows (stack_rows): the rows' caches, for host work
         self.static_steps = 0
         self.static_host_step = False
         for layer in self.layers:
@@ -319,12 +326,22 @@ class SelectorCache(Cache):
         return [self.static_attended, self.static_bytes, self.static_coverage, *self.static_diagnostics]
 
     def add_static_diagnostics(self, layer_idx: int, values: dict[str, tuple[Tensor, Tensor]]) -> None:
-        """Inside a static step: add the step's diagnostics {name: (sum, count)} to the layer's device counters."""
+        """Inside a static step: add the step's diagnostics {name: (sum [B], count [B])} per row to the layer's
+        device counters."""
         names = self.layers[layer_idx].selector.diagnostic_names
         if set(values) != set(names):
             raise ValueError(f"diagnostics {sorted(values)} differ from the selector's diagnostic_names {names}")
-        step = torch.stack([torch.stack([values[n][0], values[n][1]]) for n in names]).to(torch.float64)
-        self.static_diagnostics[layer_idx].add_(step)
+        step = torch.stack([torch.stack([values[n][0], values[n][1]], dim=-1) for n in names], dim=-2)
+        self.static_diagnostics[layer_idx].add_(step.to(torch.float64))
+
+    def static_host_work(self, layer_idx: int, keys: Tensor, values: Tensor) -> None:
+        """In a step with host work (`static_host_step`): each selector that asked for it does it on its own rows
+        (stacked rows: the rows whose selectors asked this step)."""
+        if self.static_host_rows is None:
+            self.layers[layer_idx].selector.static_host_work(keys, values)
+            return
+        for r in self.static_host_rows:
+            self.row_caches[r].layers[layer_idx].selector.static_host_work(keys[r : r + 1], values[r : r + 1])
 
     @contextlib.contextmanager
     def static_counters_kept(self):
@@ -368,14 +385,15 @@ class SelectorCache(Cache):
     def finish_static(self) -> None:
         """After the last static step: fold what was counted on the device into the stats (one read)."""
         info = self.infos[0]
-        metadata, kv, h2d = self.static_bytes.sum(0).tolist()
-        self.stats.add_device_counts(float(self.static_attended.sum()), metadata, kv, h2d)
+        # the stats are batch means: each row's sums over layers and steps, averaged over the rows
+        metadata, kv, h2d = self.static_bytes.sum(0).mean(0).tolist()
+        self.stats.add_device_counts(float(self.static_attended.sum(0).mean()), metadata, kv, h2d)
         if self.measure_coverage and self.static_steps:
             batch = self.layers[0]._k.shape[0]
             self.stats.coverage_sum += float(self.static_coverage.sum())
             self.stats.coverage_count += self.static_steps * self.full_attention_layers * batch * info.num_heads
             for layer, counters in zip(self.layers, self.static_diagnostics):
-                values = counters.tolist()
+                values = counters.sum(0).tolist()
                 self.stats.add_diagnostics({name: values[i] for i, name in enumerate(layer.selector.diagnostic_names)
                                             if values[i][1] > 0})
         for counter in self.static_counters():

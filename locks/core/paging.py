@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from locks.core.selector import LayerInfo, Selection, Selector, log2_is_int
+from locks.core.selector import LayerInfo, Selection, Selector, log2_is_int, row_length
 from locks.errors import ConfigError
 
 AGGREGATIONS = ("norm", "raw", "max")
@@ -106,10 +106,11 @@ def static_page_list(top: Tensor, length: Tensor, budget: int, page_size: int, s
     B, H, Kt = top.shape
     n, S, R = page_size, sink_pages, recent_pages
     dev = top.device
-    L = length.reshape(())
+    L = row_length(length, 3)  # [1 or B, 1, 1]: each row's own length
     full = torch.div(L, n, rounding_mode="floor")
     k = torch.div(budget - (L - full * n), n, rounding_mode="floor") - S - R
-    fixed = torch.cat([torch.arange(S, device=dev), full - 1 - torch.arange(R, device=dev), full.reshape(1)])
+    fixed = torch.cat([torch.arange(S, device=dev).expand(L.shape[0], 1, S),
+                       full - 1 - torch.arange(R, device=dev), full], dim=-1)
     pages = torch.cat([top, fixed.expand(B, H, S + R + 1)], dim=-1)
     slots = torch.arange(pages.shape[-1], device=dev)
     valid = (slots >= Kt) | (slots < k)
@@ -151,23 +152,29 @@ class CoverageCertificate:
             return sums
         return {name: (total * self.weight, count * self.weight) for name, (total, count) in sums.items()}
 
+    @staticmethod
+    def _sums(per_head: dict[str, Tensor], per_row: bool) -> dict[str, tuple[Tensor, Tensor]]:
+        """{name: [B, Hq]} -> {name: (sum, count)}, over everything or per row ([B] each)."""
+        if not per_row:
+            return {name: (b.sum(), b.new_full((), float(b.numel()))) for name, b in per_head.items()}
+        return {name: (b.sum(-1), b.new_full(b.shape[:1], float(b.shape[-1]))) for name, b in per_head.items()}
+
     def per_head(self, lse_sel: Tensor) -> dict[str, Tensor]:
         if self._last is None or self._last[0] is not lse_sel:
             self._last = (lse_sel, self._per_head(lse_sel))
         return self._last[1]
 
-    def __call__(self, lse_sel: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    def __call__(self, lse_sel: Tensor, per_row: bool = False) -> dict[str, tuple[Tensor, Tensor]]:
         # counts made on the bounds' device by a fill (no host copy: a static step may be captured in a CUDA graph)
-        return self._weighted({name: (b.sum(), b.new_full((), float(b.numel())))
-                               for name, b in self.per_head(lse_sel).items()})
+        return self._weighted(self._sums(self.per_head(lse_sel), per_row))
 
-    def soundness(self, lse_sel: Tensor, coverage: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
+    def soundness(self, lse_sel: Tensor, coverage: Tensor, per_row: bool = False) -> dict[str, tuple[Tensor, Tensor]]:
         """`certificate_sound`: how many query heads' certificates are <= their measured coverage [B, Hq] (within
         SOUNDNESS_TOL, the fp32 rounding of both sides), out of how many: its mean is the soundness rate. On the
         bounds' device (the eager step passes the coverage on the host, the static step on the device)."""
         cert = self.per_head(lse_sel)["certificate"].detach().double()
         ok = cert <= coverage.to(cert.device).double() + SOUNDNESS_TOL
-        return self._weighted({"certificate_sound": (ok.sum().double(), cert.new_full((), float(ok.numel())))})
+        return self._weighted(self._sums({"certificate_sound": ok.double()}, per_row))
 
 
 class PageSelector(Selector):
@@ -178,6 +185,7 @@ class PageSelector(Selector):
     set to zero (docs/methods/locks.md)."""
 
     diagnostic_names = CERTIFICATE_NAMES
+    row_state = ()
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
                  recent_window: int = 0, sink_pages: int = 0, aggregation: str = "norm"):
@@ -333,8 +341,9 @@ class PageSelector(Selector):
         return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates), scores
 
     def _static_candidates(self, length: Tensor) -> Tensor:
+        """[1 or B, 1, P] bool: each row's candidate pages [S, L // n - R)."""
         pages = torch.arange(self.static_pages, device=length.device)
-        hi = torch.div(length, self.page_size, rounding_mode="floor") - self.recent_pages
+        hi = torch.div(row_length(length, 3), self.page_size, rounding_mode="floor") - self.recent_pages
         return (pages >= self.sink_pages) & (pages < hi)
 
     def _static_certificate(self, query: Tensor, scores: Tensor, pages: Tensor, valid: Tensor, length: Tensor):
@@ -352,7 +361,8 @@ class PageSelector(Selector):
         kernel_inputs = None if not exact_or_norm else dict(
             scores=scores, rho=rho, pages=pages, valid=valid, sink_pages=self.sink_pages,
             recent_pages=self.recent_pages, page_size=self.page_size, budget=self.budget, tol=SOUNDNESS_TOL)
-        return CoverageCertificate(bounds, weight=(length > self.budget).to(torch.float64).reshape(()),
+        # one weight per row ([1] or [B]): a row counts nothing while it fits its budget
+        return CoverageCertificate(bounds, weight=(length > self.budget).to(torch.float64),
                                    kernel_inputs=kernel_inputs)
 
     def static_step_cost(self, length: int) -> tuple[float, float, float]:

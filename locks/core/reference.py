@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from locks.core.paging import pages_to_tokens
-from locks.core.selector import Selection
+from locks.core.selector import Selection, row_length
 
 
 def gather_tokens(x: Tensor, indices: Tensor) -> Tensor:
@@ -95,7 +95,7 @@ def paged_tokens(sel: Selection, length: Tensor, capacity: int) -> tuple[Tensor,
     """A paged Selection as token indices [B, Hkv, Gs, Kp * n] (clamped to the cache) and their validity: the page
     is valid and the token is below the device length."""
     tokens = pages_to_tokens(sel.pages.long(), sel.page_size)
-    valid = tokens < length
+    valid = tokens < row_length(length, 4)
     if sel.page_valid is not None:
         valid = valid & sel.page_valid.repeat_interleave(sel.page_size, dim=-1)
     return tokens.clamp(0, capacity - 1), valid
@@ -110,7 +110,7 @@ def paged_attended(sel: Selection, length: Tensor, capacity: int) -> Tensor:
     read = torch.zeros(B, H, P, dtype=torch.int32, device=sel.pages.device)
     valid = torch.ones_like(sel.pages, dtype=torch.int32) if sel.page_valid is None else sel.page_valid.to(torch.int32)
     read.scatter_reduce_(2, sel.pages.long().clamp(0, P - 1).reshape(B, H, -1), valid.reshape(B, H, -1), reduce="amax")
-    page_tokens = (length - torch.arange(P, device=read.device) * n).clamp(0, n)
+    page_tokens = (row_length(length, 3) - torch.arange(P, device=read.device) * n).clamp(0, n)
     return (read * page_tokens).sum(-1).float()
 
 

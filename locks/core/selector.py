@@ -13,9 +13,14 @@ Static decode (a decode step captured once as a CUDA graph and replayed, `locks/
 through a second set of hooks over a cache preallocated for the whole generation: `start_static(capacity)` once
 after the prefill, then per step `select_static(query, keys, values, length)` inside the graph (fixed shapes, the
 valid length only as a device tensor, no host reads), `prepare_static_step(length)` before it (a step that needs
-host work inside, such as summarizing the page it completes, runs outside the graph), and
-`after_static_step(keys, values, length)` after it (Python-side upkeep) with `static_step_cost(length)` for the
-accounting. A selector that does not implement them says why in `static_decode_error()`.
+host work, such as summarizing the page it completes, says so; it runs outside the graph and the core calls
+`static_host_work(keys, values)` first), and `after_static_step(keys, values, length)` after it (Python-side
+upkeep) with `static_step_cost(length)` for the accounting. A selector that does not implement them says why in
+`static_decode_error()`.
+
+Rows of different lengths decode in one static step (docs/batching.md) when every selector names its per-row device
+state in `row_state`: the core stacks the rows' state along the batch axis and gives each row's selector views of
+it, so `length` is then [B] (row b's valid length) and the host hooks still run on each row's own selector.
 
 Budget convention (`docs/budgets.md`): `budget` = tokens whose exact K/V enter the softmax, forced tokens included,
 unless a method's `budget_mode == "paper"` says otherwise; the forced (always-attended) tokens are reported
@@ -168,6 +173,10 @@ class Selector(ABC):
     # reports compare every method with the best such bound and leave it off the Pareto front
     bounds: ClassVar[str] = ""
     diagnostic_names: ClassVar[tuple[str, ...]] = ()  # the names its Selection.diagnostics report
+    # The attributes holding its static-decode device state with a leading batch axis (tensors, or dataclasses of
+    # tensors), which the core stacks when rows of different lengths decode in one step; everything else must be
+    # host state or the same for every row. None: its rows cannot be stacked (each row then steps on its own).
+    row_state: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair"):
         if budget is None or budget <= 0:
@@ -236,10 +245,15 @@ class Selector(ABC):
         so it cannot be a replay of the captured graph and runs outside it. Default: False."""
         return False
 
+    def static_host_work(self, keys: Tensor, values: Tensor) -> None:
+        """In a step that `prepare_static_step` said needs host work, before `select_static` (outside any graph):
+        keys/values are this selector's rows of the preallocated cache, the new token written. Default: nothing."""
+
     def select_static(self, query: Tensor, keys: Tensor, values: Tensor, length: Tensor) -> Selection:
         """Inside the captured step: keys/values are the preallocated cache [B, Hkv, capacity, d] whose first
-        `length` ([1] int64 on the device, the new token included) slots are valid. The result must have the same
-        shapes at every step and the code may not read device values on the host (no .item(), no bool(tensor))."""
+        `length` slots are valid (int64 on the device, the new token included: [1] for every row, or [B], row b's
+        own, for stacked rows; `row_length` broadcasts either). The result must have the same shapes at every step
+        and the code may not read device values on the host (no .item(), no bool(tensor))."""
         raise NotImplementedError(self.static_decode_error())
 
     def static_state(self) -> list[Tensor]:
@@ -285,6 +299,12 @@ def resolve_backend(requested: str, device) -> str:
         if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ConfigError("method.backend=triton needs a CUDA device (or TRITON_INTERPRET=1 for the CPU interpreter)")
     return requested
+
+
+def row_length(length: Tensor, dims: int) -> Tensor:
+    """A static step's valid length, [1] or [B] (one per row), as a [1 or B, 1, ..., 1] tensor of `dims` dims that
+    broadcasts over each row's trailing axes."""
+    return length.view(-1, *([1] * (dims - 1)))
 
 
 def check_finite(name: str, x: Tensor) -> None:

@@ -32,6 +32,8 @@ class StaticDecodeStep:
         cache.start_static(capacity)
         device = cache.static_position.device
         self.model, self.cache = model, cache
+        # stacked rows run as one cache (locks/core/batch.py: stack_rows), else the cache itself
+        self.step_cache = cache.step_cache if isinstance(cache, RowBatch) else cache
         self.input_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position_ids = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.cuda_graph = cuda_graph and device.type == "cuda"
@@ -44,8 +46,8 @@ class StaticDecodeStep:
 
     def forward(self) -> Tensor:
         """The step itself (what the graph captures): model forward over the static buffers."""
-        return self.model(input_ids=self.input_ids, position_ids=self.position_ids, cache=self.cache,
-                          sparse_cache=self.cache, use_cache=True).logits[:, -1]
+        return self.model(input_ids=self.input_ids, position_ids=self.position_ids, cache=self.step_cache,
+                          sparse_cache=self.step_cache, use_cache=True).logits[:, -1]
 
     def __call__(self, token: Tensor, position: int | list[int]) -> Tensor:
         self.input_ids.copy_(token.view(-1, 1))

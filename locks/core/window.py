@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from locks.core.selector import LayerInfo, Selection, Selector
+from locks.core.selector import LayerInfo, Selection, Selector, row_length
 
 
 class SlidingWindow(Selector):
@@ -20,6 +20,7 @@ class SlidingWindow(Selector):
 
     name = "sliding_window"
     uses_budget = False
+    row_state = ()
 
     def __init__(self, info: LayerInfo):
         if not info.sliding_window or info.sliding_window <= 0:
@@ -41,7 +42,7 @@ class SlidingWindow(Selector):
     def select_static(self, query: Tensor, keys: Tensor, values: Tensor, length: Tensor) -> Selection:
         """The W slots before `length` (fixed shape W; those before slot 0 masked)."""
         B, H = keys.shape[:2]
-        slots = length - self.window + torch.arange(self.window, device=keys.device)
+        slots = row_length(length, 4) - self.window + torch.arange(self.window, device=keys.device)
         idx = slots.clamp(min=0).expand(B, H, 1, self.window)
         return Selection(indices=idx, valid=(slots >= 0).expand(B, H, 1, self.window), attended_on_host=True)
 

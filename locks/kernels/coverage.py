@@ -14,9 +14,11 @@ O: the candidate pages [S, L // n - R) not in the step's page list; S_{g,j} the 
 
 Launch 1, grid (B * Hkv, splits): each program reads one split of a KV head's keys [t0, t0 + TPS) and the scores of
 the pages in it, and writes per query head three partial log-sum-exps (m, l) pairs: all tokens, O with eta, O
-without. Launch 2, one program: combines the splits per head, forms the four per-head values and adds their sums to
-the layer's counters (coverage: one fp64; the certificate's (sum, count) per name, each weighted by `L > budget`, no
-page being scored before). One program sums in a fixed order, so the counters are deterministic.
+without. Launch 2, grid (B,): row b's program combines the splits per head (`_merge_splits`, once per pair), forms
+the four per-head values and adds their sums over the row's heads to the row's counters (coverage[b]: one fp64;
+diagnostics[b]: the certificate's (sum, count) per name, each weighted by `L_b > budget`, no page being scored
+before). Each program sums its Hkv heads in a fixed order, so the counters are deterministic. L is one length for
+every row or row b's own (PER_ROW).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from locks.kernels._common import check_device, dot_in_f32, empty, interpreted, launch, pow2
-from locks.kernels.decode import decode_splits
+from locks.kernels.decode import decode_splits, device_length
 
 __all__ = ["coverage_step"]
 
@@ -47,12 +49,14 @@ def _coverage_split_kernel(
     Hkv, G, D, P, KP, S, R, TPS, NSPLIT, scaling,
     PAGE: tl.constexpr, CERT: tl.constexpr, HAS_RHO: tl.constexpr, F32: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, PER_ROW: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)  # b * Hkv + h
     sp = tl.program_id(1)
     b = r // Hkv
     h = r % Hkv
+    if PER_ROW:
+        len_ptr += b
     L = tl.load(len_ptr).to(tl.int32)
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
@@ -126,9 +130,30 @@ def _logaddexp(a, b):
     return safe + tl.log(tl.exp(a - safe) + tl.exp(b - safe))
 
 
-@triton.jit(do_not_specialize=["B", "Hkv", "G", "NSPLIT", "budget"])
-def _coverage_reduce_kernel(ws_ptr, lse_ptr, sinks_ptr, len_ptr, cov_ptr, diag_ptr, B, Hkv, G, NSPLIT, budget, tol,
-                            CERT: tl.constexpr, HAS_SINKS: tl.constexpr, BLOCK_G: tl.constexpr):
+@triton.jit
+def _merge_splits(ws_ptr, r, NSPLIT, g, gmask, PAIR: tl.constexpr, BLOCK_G: tl.constexpr):
+    """The log-sum-exp of (m, l) pair PAIR over the NSPLIT splits of KV head r, per query head (-inf if empty)."""
+    M = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    for sp in range(0, NSPLIT):
+        row = (r * NSPLIT + sp) * BLOCK_G + g
+        M = tl.maximum(M, tl.load(ws_ptr + row * 6 + 2 * PAIR, mask=gmask, other=float("-inf")))
+    S = tl.where(M == float("-inf"), 0.0, M)
+    L = tl.zeros([BLOCK_G], dtype=tl.float32)
+    for sp in range(0, NSPLIT):
+        row = (r * NSPLIT + sp) * BLOCK_G + g
+        L += tl.load(ws_ptr + row * 6 + 2 * PAIR + 1, mask=gmask, other=0.0) * tl.exp(
+            tl.load(ws_ptr + row * 6 + 2 * PAIR, mask=gmask, other=float("-inf")) - S)
+    return tl.where(L > 0, S + tl.log(tl.where(L > 0, L, 1.0)), float("-inf"))
+
+
+@triton.jit(do_not_specialize=["Hkv", "G", "NSPLIT", "budget"])
+def _coverage_reduce_kernel(ws_ptr, lse_ptr, sinks_ptr, len_ptr, cov_ptr, stride_c, diag_ptr, stride_db, stride_dn,
+                            stride_dk, Hkv, G, NSPLIT, budget, tol,
+                            CERT: tl.constexpr, HAS_SINKS: tl.constexpr, PER_ROW: tl.constexpr,
+                            BLOCK_G: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    if PER_ROW:
+        len_ptr += b
     L = tl.load(len_ptr).to(tl.int32)
     g = tl.arange(0, BLOCK_G)
     gmask = g < G
@@ -136,31 +161,9 @@ def _coverage_reduce_kernel(ws_ptr, lse_ptr, sinks_ptr, len_ptr, cov_ptr, diag_p
     cert_sum = tl.zeros([BLOCK_G], dtype=tl.float64)
     plug_sum = tl.zeros([BLOCK_G], dtype=tl.float64)
     sound_sum = tl.zeros([BLOCK_G], dtype=tl.float64)
-    for r in range(0, B * Hkv):
-        h = r % Hkv
-        M0 = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-        M1 = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-        M2 = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-        for sp in range(0, NSPLIT):
-            row = (r * NSPLIT + sp) * BLOCK_G + g
-            M0 = tl.maximum(M0, tl.load(ws_ptr + row * 6 + 0, mask=gmask, other=float("-inf")))
-            M1 = tl.maximum(M1, tl.load(ws_ptr + row * 6 + 2, mask=gmask, other=float("-inf")))
-            M2 = tl.maximum(M2, tl.load(ws_ptr + row * 6 + 4, mask=gmask, other=float("-inf")))
-        S0 = tl.where(M0 == float("-inf"), 0.0, M0)
-        S1 = tl.where(M1 == float("-inf"), 0.0, M1)
-        S2 = tl.where(M2 == float("-inf"), 0.0, M2)
-        L0 = tl.zeros([BLOCK_G], dtype=tl.float32)
-        L1 = tl.zeros([BLOCK_G], dtype=tl.float32)
-        L2 = tl.zeros([BLOCK_G], dtype=tl.float32)
-        for sp in range(0, NSPLIT):
-            row = (r * NSPLIT + sp) * BLOCK_G + g
-            L0 += tl.load(ws_ptr + row * 6 + 1, mask=gmask, other=0.0) * tl.exp(
-                tl.load(ws_ptr + row * 6 + 0, mask=gmask, other=float("-inf")) - S0)
-            L1 += tl.load(ws_ptr + row * 6 + 3, mask=gmask, other=0.0) * tl.exp(
-                tl.load(ws_ptr + row * 6 + 2, mask=gmask, other=float("-inf")) - S1)
-            L2 += tl.load(ws_ptr + row * 6 + 5, mask=gmask, other=0.0) * tl.exp(
-                tl.load(ws_ptr + row * 6 + 4, mask=gmask, other=float("-inf")) - S2)
-        dense = tl.where(L0 > 0, S0 + tl.log(tl.where(L0 > 0, L0, 1.0)), float("-inf"))
+    for h in range(0, Hkv):  # the row's KV heads in order: deterministic sums
+        r = b * Hkv + h
+        dense = _merge_splits(ws_ptr, r, NSPLIT, g, gmask, 0, BLOCK_G)
         sel = tl.load(lse_ptr + r * G + g, mask=gmask, other=0.0)
         sel_s = sel
         if HAS_SINKS:
@@ -170,40 +173,50 @@ def _coverage_reduce_kernel(ws_ptr, lse_ptr, sinks_ptr, len_ptr, cov_ptr, diag_p
         cov = tl.exp(sel_s - dense)
         cov_sum += tl.where(gmask, cov, 0.0).to(tl.float64)
         if CERT:
-            rest_b = tl.where(L1 > 0, S1 + tl.log(tl.where(L1 > 0, L1, 1.0)), float("-inf"))
-            rest_p = tl.where(L2 > 0, S2 + tl.log(tl.where(L2 > 0, L2, 1.0)), float("-inf"))
+            rest_b = _merge_splits(ws_ptr, r, NSPLIT, g, gmask, 1, BLOCK_G)
+            rest_p = _merge_splits(ws_ptr, r, NSPLIT, g, gmask, 2, BLOCK_G)
             cert = tl.exp(sel - _logaddexp(sel, rest_b))
             plug = tl.exp(sel - _logaddexp(sel, rest_p))
             cert_sum += tl.where(gmask, cert, 0.0).to(tl.float64)
             plug_sum += tl.where(gmask, plug, 0.0).to(tl.float64)
             sound = cert.to(tl.float64) <= cov.to(tl.float64) + tol
             sound_sum += tl.where(gmask & sound, 1.0, 0.0).to(tl.float64)
+    cov_ptr += b * stride_c
     tl.store(cov_ptr, tl.load(cov_ptr) + tl.sum(cov_sum, axis=0))
     if CERT:
         w = tl.where(L > budget, 1.0, 0.0).to(tl.float64)
-        n = (B * Hkv * G) * w
-        tl.store(diag_ptr + 0, tl.load(diag_ptr + 0) + tl.sum(cert_sum, axis=0) * w)
-        tl.store(diag_ptr + 1, tl.load(diag_ptr + 1) + n)
-        tl.store(diag_ptr + 2, tl.load(diag_ptr + 2) + tl.sum(plug_sum, axis=0) * w)
-        tl.store(diag_ptr + 3, tl.load(diag_ptr + 3) + n)
-        tl.store(diag_ptr + 4, tl.load(diag_ptr + 4) + tl.sum(sound_sum, axis=0) * w)
-        tl.store(diag_ptr + 5, tl.load(diag_ptr + 5) + n)
+        n = (Hkv * G) * w
+        d = diag_ptr + b * stride_db
+        tl.store(d, tl.load(d) + tl.sum(cert_sum, axis=0) * w)
+        tl.store(d + stride_dk, tl.load(d + stride_dk) + n)
+        d += stride_dn
+        tl.store(d, tl.load(d) + tl.sum(plug_sum, axis=0) * w)
+        tl.store(d + stride_dk, tl.load(d + stride_dk) + n)
+        d += stride_dn
+        tl.store(d, tl.load(d) + tl.sum(sound_sum, axis=0) * w)
+        tl.store(d + stride_dk, tl.load(d + stride_dk) + n)
 
 
 def coverage_step(query: Tensor, keys: Tensor, length: Tensor, scaling: float, lse_sel: Tensor,
                   sinks: Tensor | None, coverage: Tensor, certificate: dict | None = None,
-                  diagnostics: Tensor | None = None, block_n: int | None = None) -> None:
-    """Add a static step's coverage summed over its B * Hq query heads to `coverage` ([1] fp64) and, with a
-    `certificate` (scores [B, Hq, P], rho [B, Hkv, >= P] or None for exact scores, pages / valid [B, Hkv, Kp],
-    sink_pages, recent_pages, page_size, budget, tol: the soundness tolerance), its (sum, count) of certificate,
-    plug-in coverage and soundness to `diagnostics` ([3, 2] fp64, those names in that order). query [B, Hq, d],
-    keys the preallocated cache [B, Hkv, capacity, d] with `length` ([1] int) valid slots, lse_sel [B, Hq] fp32 (the
-    attended set's, sinks not included)."""
+                  diagnostics: Tensor | None = None, block_n: int | None = None,
+                  num_splits: int | None = None) -> None:
+    """Add each row's coverage summed over its Hq query heads to `coverage` ([B] fp64, any strides: e.g. one layer's
+    row of a [layers, B] counter) and, with a `certificate` (scores [B, Hq, P], rho [B, Hkv, >= P] or None for exact
+    scores, pages / valid [B, Hkv, Kp], sink_pages, recent_pages, page_size, budget, tol: the soundness tolerance),
+    row b's (sum, count) of certificate, plug-in coverage and soundness, weighted by length[b] > budget, to
+    diagnostics[b] ([B, 3, 2] fp64, any strides, those names in that order; [3, 2] when B = 1). query [B, Hq, d],
+    keys the preallocated cache [B, Hkv, capacity, d] with `length` valid slots ([1]: every row; [B]: row b's),
+    lse_sel [B, Hq] fp32 (the attended set's, sinks not included). num_splits: splits of the key pass (default: one
+    wave of B * Hkv programs; a row's sums depend on it, not on the other rows)."""
     check_device(_coverage_split_kernel, query, keys, length, lse_sel, coverage)
     B, Hq, d = query.shape
     Hkv, C = keys.shape[1], keys.shape[2]
     G = Hq // Hkv
     dev = query.device
+    length, per_row = device_length(length, B)
+    if coverage.shape != (B,):
+        raise ValueError(f"coverage must be [B] = [{B}] (got {tuple(coverage.shape)})")
     query = query if query.stride(-1) == 1 else query.contiguous()
     keys = keys if keys.stride(-1) == 1 else keys.contiguous()
     cert = certificate is not None
@@ -212,11 +225,14 @@ def coverage_step(query: Tensor, keys: Tensor, length: Tensor, scaling: float, l
     # fp32 operands at d = 128 spill with 64-token tiles and 4 warps, as the decode kernel's do (kernels_compile.md)
     wide_f32 = f32 and d > 64 and not interpreted(_coverage_split_kernel)
     block_n = max(block_n or (32 if wide_f32 else 64), page)  # a split holds whole pages (page sizes: powers of 2)
-    ns, tps = decode_splits(B * Hkv, C, block_n, dev)
+    ns, tps = decode_splits(B * Hkv, C, block_n, dev, num_splits)
     block_g = pow2(G, 16)
     ws = empty(B * Hkv * ns * block_g, 6, dtype=torch.float32, device=dev)
     lse_sel = lse_sel.float().contiguous()
     if cert:
+        diag = diagnostics.unsqueeze(0) if diagnostics.dim() == 2 and B == 1 else diagnostics
+        if diag.shape != (B, 3, 2):
+            raise ValueError(f"diagnostics must be [B, 3, 2] = [{B}, 3, 2] (got {tuple(diagnostics.shape)})")
         scores = certificate["scores"] if certificate["scores"].stride(-1) == 1 else certificate["scores"].contiguous()
         pages = certificate["pages"].reshape(B, Hkv, -1).contiguous()
         valid = certificate["valid"].reshape(B, Hkv, -1).contiguous().view(torch.uint8)
@@ -228,14 +244,15 @@ def coverage_step(query: Tensor, keys: Tensor, length: Tensor, scaling: float, l
         stride_s = (scores.stride(0), scores.stride(1))
         stride_r = (rho.stride(0), rho.stride(1)) if has_rho else (0, 0)
     else:  # absent tensors point at the workspace: their constexpr flag is off
-        scores = rho = pages = valid = ws
+        scores = rho = pages = valid = diag = ws
         has_rho, P, KP, S, R, budget, tol, stride_s, stride_r = False, 0, 0, 0, 0, 0, 0.0, (0, 0), (0, 0)
     launch(_coverage_split_kernel, (B * Hkv, ns),
            query, query.stride(0), query.stride(1), keys, keys.stride(0), keys.stride(1), keys.stride(2),
-           length.reshape(1), scores, *stride_s, rho, *stride_r, pages, valid, KP, ws,
+           length, scores, *stride_s, rho, *stride_r, pages, valid, KP, ws,
            Hkv, G, d, P, KP, S, R, tps, ns, float(scaling),
            PAGE=page, CERT=cert, HAS_RHO=has_rho, F32=f32, BLOCK_G=block_g, BLOCK_N=block_n,
-           BLOCK_D=pow2(d, 16), BLOCK_P=32, BLOCK_K=32, num_warps=8 if wide_f32 else 4)
-    launch(_coverage_reduce_kernel, (1,), ws, lse_sel, sinks if sinks is not None else lse_sel, length.reshape(1),
-           coverage, diagnostics if cert else coverage, B, Hkv, G, ns, budget, float(tol), CERT=cert,
-           HAS_SINKS=sinks is not None, BLOCK_G=block_g, num_warps=1)
+           BLOCK_D=pow2(d, 16), BLOCK_P=32, BLOCK_K=32, PER_ROW=per_row, num_warps=8 if wide_f32 else 4)
+    stride_d = (diag.stride(0), diag.stride(1), diag.stride(2)) if cert else (0, 0, 0)
+    launch(_coverage_reduce_kernel, (B,), ws, lse_sel, sinks if sinks is not None else lse_sel, length,
+           coverage, coverage.stride(0), diag, *stride_d, Hkv, G, ns, budget, float(tol), CERT=cert,
+           HAS_SINKS=sinks is not None, PER_ROW=per_row, BLOCK_G=block_g, num_warps=1)

@@ -15,8 +15,9 @@ the list in tiles of BLOCK_N tokens with the online softmax (fp32 running max m,
     2 contig  all tokens [0, length): no index loads (FullKV decode).
 Invalid entries are never loaded and contribute nothing (logit -inf). The list length K is fixed per call, so a
 CUDA graph can replay it; indices are clamped to [0, L - 1] like the reference. The valid `length` (pages, contig)
-may be a one-element device tensor instead of an int: the kernel reads it, so a graph captured over a preallocated
-cache of L slots replays with the current length (contig then walks the L slots and skips the tiles past length).
+may be a device tensor instead of an int: the kernel reads it, so a graph captured over a preallocated cache of L
+slots replays with the current length (contig then walks the L slots and skips the tiles past length). It has one
+element (every row) or B (constexpr PER_ROW: row b reads length[b], so rows of different lengths decode together).
 `_combine_kernel` -- grid (B * Hq): merges the splits of one query head, out = sum_s e^{m_s - M} acc_s / L,
 lse = M + log L with L = sum_s e^{m_s - M} l_s; writes out in the query dtype and lse in fp32. A head with no valid
 token gets out = 0 and lse = -inf (the reference gives NaN there).
@@ -65,15 +66,17 @@ def _decode_split_kernel(
     idx_ptr, val_ptr, stride_ir,
     acc_ptr, m_ptr, l_ptr, len_ptr,
     Hkv, GS, NG, D, K, length, L, TPS, NSPLIT, scaling,
-    MODE: tl.constexpr, PAGE: tl.constexpr, HAS_VALID: tl.constexpr, LENGTH_PTR: tl.constexpr,
+    MODE: tl.constexpr, PAGE: tl.constexpr, HAS_VALID: tl.constexpr, LENGTH_PTR: tl.constexpr, PER_ROW: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32: tl.constexpr, SPLIT_P: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)  # ((b * Hkv + h) * GS + sub)
     sp = tl.program_id(1)
-    if LENGTH_PTR:  # the valid length lives on the device (static decode: a captured graph replays it per step)
-        length = tl.load(len_ptr).to(tl.int32)
     bkv = r // GS
     b = bkv // Hkv
+    if LENGTH_PTR:  # the valid length lives on the device (static decode: a captured graph replays it per step)
+        if PER_ROW:
+            len_ptr += b
+        length = tl.load(len_ptr).to(tl.int32)
     h = bkv % Hkv
     sub = r % GS
     g = tl.arange(0, BLOCK_G)
@@ -238,6 +241,7 @@ def _run(query, keys, values, scaling, mode, idx, valid, gs, K, length, page, nu
     stride_ir = idx.shape[-1] if idx is not None else 0
     length_ptr = isinstance(length, Tensor)
     meta = dict(MODE=mode, PAGE=page, HAS_VALID=valid is not None, LENGTH_PTR=length_ptr,
+                PER_ROW=length_ptr and length.numel() > 1,
                 BLOCK_G=pow2(ng, 16), BLOCK_N=block_n, BLOCK_D=pow2(d, 16), F32=f32,
                 SPLIT_P=values.dtype in (torch.bfloat16, torch.float16), num_warps=num_warps)
 
@@ -299,14 +303,15 @@ def paged_decode(query: Tensor, keys: Tensor, values: Tensor, pages: Tensor, sca
                  num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None):
     """Same as `sparse_decode` with the selection given as page ids: pages [B, Hkv, Kp] or [B, Hkv, Gs, Kp]
     (int32/int64), page_valid of the same shape (bool) or None. Page j covers tokens [j*page_size, (j+1)*page_size)
-    truncated at `length` (default: all cached tokens), so the partial last page is simply its page id."""
+    truncated at `length` (default: all cached tokens), so the partial last page is simply its page id. `length`: an
+    int, or a device int tensor of 1 element (every row) or B (row b's length[b]), each <= the cache's slots."""
     query, keys, values = _check_kv(query, keys, values)
     B, Hq, d = query.shape
     Hkv, L = keys.shape[1], keys.shape[2]
     idx, valid, gs, Kp = _list_args(pages, page_valid, B, Hkv, Hq // Hkv, "pages")
     if idx.dtype not in (torch.int64, torch.int32):
         idx = idx.long()
-    length = _length_arg(length, L)
+    length = _length_arg(length, L, B)
     return _run(query, keys, values, scaling, _PAGES, idx, valid, gs, Kp * page_size, length, page_size, num_splits,
                 block_n, num_warps)
 
@@ -314,19 +319,27 @@ def paged_decode(query: Tensor, keys: Tensor, values: Tensor, pages: Tensor, sca
 def full_decode(query: Tensor, keys: Tensor, values: Tensor, scaling: float, length: int | Tensor | None = None, *,
                 num_splits: int | None = None, block_n: int | None = None, num_warps: int | None = None):
     """FullKV decode with the same kernel: attention of each query head over tokens [0, length) (default: all),
-    contiguous (no index loads). Returns (out [B, Hq, d] in query dtype, lse [B, Hq] fp32)."""
+    contiguous (no index loads); `length` as in `paged_decode` (per row: row b attends [0, length[b])). Returns
+    (out [B, Hq, d] in query dtype, lse [B, Hq] fp32)."""
     query, keys, values = _check_kv(query, keys, values)
     L = keys.shape[2]
-    length = _length_arg(length, L)
+    length = _length_arg(length, L, query.shape[0])
     K = L if isinstance(length, Tensor) else length
     return _run(query, keys, values, scaling, _CONTIG, None, None, 1, K, length, 1, num_splits, block_n, num_warps)
 
 
-def _length_arg(length, L: int):
-    """None -> L; an int -> min(length, L); a one-element int tensor on the device stays a tensor (read by the
-    kernel, so a captured CUDA graph replays with the current length; it must be <= L)."""
+def device_length(length: Tensor, B: int) -> tuple[Tensor, bool]:
+    """A static step's device length -> (flat tensor the kernels read, per row): [1] is every row's length, [B]
+    (any shape of B elements, B > 1) row b's length[b]."""
+    n = length.numel()
+    if n != 1 and n != B:
+        raise ValueError(f"length must have 1 or B = {B} elements (got shape {tuple(length.shape)})")
+    return length.reshape(n).contiguous(), n > 1
+
+
+def _length_arg(length, L: int, B: int):
+    """None -> L; an int -> min(length, L); a device int tensor of 1 or B elements stays a tensor (read by the
+    kernel, so a captured CUDA graph replays with the current length; every length must be <= L)."""
     if isinstance(length, Tensor):
-        if length.numel() != 1:
-            raise ValueError(f"length must be an int or a one-element tensor (got shape {tuple(length.shape)})")
-        return length.reshape(1)
+        return device_length(length, B)[0]
     return L if length is None else min(int(length), L)

@@ -1,7 +1,8 @@
 """The page list of one static (CUDA-graph) decode step of a page selector, assembled on the device in one launch.
 
 Oracle: `locks.core.paging.static_page_list` (same arguments, same result). Inputs: the top-Kt candidate pages per KV head
-(torch.topk of the aggregated scores, best first), the device length L, and the fair-mode layout of `PageSelector`:
+(torch.topk of the aggregated scores, best first), the device length L (one for every row, or row b's own: PER_ROW),
+and the fair-mode layout of `PageSelector`:
 S sink pages, R recent pages, page size N, budget B with Kt = B // N - S - R. Output per KV head, Kt + S + R + 1
 page ids (int32) and their validity (uint8):
     slots [0, Kt)          the top pages; slot j valid iff j < k = (B - t) // N - S - R  (t = L mod N: the partial
@@ -20,14 +21,17 @@ import triton.language as tl
 from torch import Tensor
 
 from locks.kernels._common import check_device, launch, pow2
+from locks.kernels.decode import device_length
 
 __all__ = ["static_pages"]
 
 
-@triton.jit(do_not_specialize=["KT", "TOTAL", "budget", "S", "R"])
-def _static_pages_kernel(top_ptr, len_ptr, pages_ptr, valid_ptr, KT, TOTAL, budget, S, R, N: tl.constexpr,
-                         BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["H", "KT", "TOTAL", "budget", "S", "R"])
+def _static_pages_kernel(top_ptr, len_ptr, pages_ptr, valid_ptr, H, KT, TOTAL, budget, S, R, N: tl.constexpr,
+                         PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)  # b * Hkv + h
+    if PER_ROW:
+        len_ptr += r // H
     L = tl.load(len_ptr).to(tl.int32)
     full = L // N
     k = (budget - (L - full * N)) // N - S - R
@@ -47,13 +51,15 @@ def _static_pages_kernel(top_ptr, len_ptr, pages_ptr, valid_ptr, KT, TOTAL, budg
 
 def static_pages(top: Tensor, length: Tensor, budget: int, page_size: int, sink_pages: int,
                  recent_pages: int) -> tuple[Tensor, Tensor]:
-    """top [B, Hkv, Kt] page ids (int64/int32), length [1] int -> (pages [B, Hkv, Kt+S+R+1] int32, valid bool)."""
+    """top [B, Hkv, Kt] page ids (int64/int32), length [1] (every row) or [B] (row b's) int -> (pages
+    [B, Hkv, Kt+S+R+1] int32, valid bool)."""
     check_device(_static_pages_kernel, top, length)
     B, H, KT = top.shape
+    length, per_row = device_length(length, B)
     total = KT + sink_pages + recent_pages + 1
     top = top.contiguous()
     pages = torch.empty(B, H, total, dtype=torch.int32, device=top.device)
     valid = torch.empty(B, H, total, dtype=torch.uint8, device=top.device)
-    launch(_static_pages_kernel, (B * H,), top, length.reshape(1), pages, valid, KT, total, int(budget),
-           int(sink_pages), int(recent_pages), N=page_size, BLOCK=pow2(total, 16), num_warps=1)
+    launch(_static_pages_kernel, (B * H,), top, length, pages, valid, H, KT, total, int(budget),
+           int(sink_pages), int(recent_pages), N=page_size, PER_ROW=per_row, BLOCK=pow2(total, 16), num_warps=1)
     return pages, valid.view(torch.bool)

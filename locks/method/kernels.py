@@ -40,7 +40,8 @@ The forced-set log-mass option of `aggregate_heads` (used by the Oracle only) is
 Candidate bounds lo/hi are Python ints or int tensors on the device ([2] = (lo, hi), read by the kernels) so that a
 captured CUDA graph can be replayed with new bounds without recapture. With device bounds the summaries of pages
 >= hi are not read at all (a static decode scores preallocated summaries whose tail pages do not exist yet), and
-their per-head scores S are meaningless.
+their per-head scores S are meaningless. Or hi is counted back from the device length of the static step, one for
+every row or one per row (PER_ROW: rows of different lengths in one batch).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ import triton.language as tl
 from torch import Tensor
 
 from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, launch, pow2
+from locks.kernels.decode import device_length
 
 __all__ = ["locks_page_scores", "locks_aggregated_scores", "LOCKS_AGGREGATIONS"]
 
@@ -69,13 +71,15 @@ def _mm_t(a, b, F32: tl.constexpr):
 
 
 @triton.jit
-def _bounds(bounds_ptr, lo, hi, BOUNDS: tl.constexpr, N: tl.constexpr):
-    """Candidate range [lo, hi): 0 the ints given; 1 read from bounds_ptr[0:2]; 2 hi counted back from the complete
-    pages of the device length at bounds_ptr: hi = length // N - hi."""
+def _bounds(bounds_ptr, b, lo, hi, BOUNDS: tl.constexpr, N: tl.constexpr, PER_ROW: tl.constexpr):
+    """Candidate range [lo, hi) of row b: 0 the ints given; 1 read from bounds_ptr[0:2]; 2 hi counted back from the
+    complete pages of the device length at bounds_ptr (bounds_ptr[b] with PER_ROW): hi = length // N - hi."""
     if BOUNDS == 1:
         lo = tl.load(bounds_ptr).to(tl.int32)
         hi = tl.load(bounds_ptr + 1).to(tl.int32)
     elif BOUNDS == 2:
+        if PER_ROW:
+            bounds_ptr += b
         hi = tl.load(bounds_ptr).to(tl.int32) // N - hi
     return lo, hi
 
@@ -102,13 +106,13 @@ def _locks_score_kernel(
     R: tl.constexpr, N: tl.constexpr, IC: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DH: tl.constexpr,
     F32: tl.constexpr, WRITE_HEADS: tl.constexpr, WRITE_PARTIALS: tl.constexpr, AGG: tl.constexpr,
-    BOUNDS: tl.constexpr,
+    BOUNDS: tl.constexpr, PER_ROW: tl.constexpr,
 ):
     bh = tl.program_id(0).to(tl.int64)  # b * Hkv + h
     pb = tl.program_id(1)
     b = bh // Hkv
     h = bh % Hkv
-    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS, N)
+    lo, hi = _bounds(bounds_ptr, b, lo, hi, BOUNDS, N, PER_ROW)
 
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     pmask = offs_p < P
@@ -202,13 +206,13 @@ def _logz_kernel(pm_ptr, pl_ptr, logz_ptr, NB, BLOCK_R: tl.constexpr):
     tl.store(logz_ptr + row, tl.where(L > 0, safe + tl.log(L), float("-inf")))
 
 
-@triton.jit(do_not_specialize=["lo", "hi", "G"])
-def _aggregate_kernel(s_ptr, logz_ptr, agg_ptr, bounds_ptr, lo, hi, P, G,
+@triton.jit(do_not_specialize=["lo", "hi", "Hkv", "G"])
+def _aggregate_kernel(s_ptr, logz_ptr, agg_ptr, bounds_ptr, lo, hi, Hkv, P, G,
                       MODE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_A: tl.constexpr, BOUNDS: tl.constexpr,
-                      N: tl.constexpr):
-    bh = tl.program_id(0).to(tl.int64)
+                      N: tl.constexpr, PER_ROW: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)  # b * Hkv + h
     offs = tl.program_id(1) * BLOCK_A + tl.arange(0, BLOCK_A)
-    lo, hi = _bounds(bounds_ptr, lo, hi, BOUNDS, N)
+    lo, hi = _bounds(bounds_ptr, bh // Hkv, lo, hi, BOUNDS, N, PER_ROW)
     pmask = offs < P
     cmask = pmask & (offs >= lo) & (offs < hi)
     g = tl.arange(0, BLOCK_G)
@@ -266,19 +270,20 @@ def _prepare(q: Tensor, summary):
     return q, parts, (B, Hq, H, Hq // H, P, d, n, r)
 
 
-def _bounds_args(lo, hi, P: int, device, length=None):
-    """(pointer tensor or None, lo int, hi int, BOUNDS mode of `_bounds`)."""
+def _bounds_args(lo, hi, P: int, B: int, device, length=None):
+    """(pointer tensor or None, lo int, hi int, BOUNDS mode of `_bounds`, PER_ROW)."""
     if length is not None:
-        if not isinstance(length, Tensor) or length.numel() != 1 or isinstance(lo, Tensor) or isinstance(hi, Tensor):
-            raise ValueError("with `length` (a one-element device tensor), lo and hi must be ints")
-        return length.reshape(1), max(0, int(lo)), int(hi or 0), 2
+        if not isinstance(length, Tensor) or isinstance(lo, Tensor) or isinstance(hi, Tensor):
+            raise ValueError("with `length` (a device tensor of 1 or B elements), lo and hi must be ints")
+        length, per_row = device_length(length, B)
+        return length, max(0, int(lo)), int(hi or 0), 2, per_row
     if isinstance(lo, Tensor) or isinstance(hi, Tensor):
         lo_t = lo if isinstance(lo, Tensor) else torch.full((), int(lo), device=device)
         hi_t = hi if isinstance(hi, Tensor) else torch.full((), int(P if hi is None else hi), device=device)
         bounds = torch.stack([lo_t.reshape(()), hi_t.reshape(())]).to(device=device, dtype=torch.int32)
-        return bounds, 0, 0, 1
+        return bounds, 0, 0, 1, False
     hi = P if hi is None else int(hi)
-    return None, max(0, int(lo)), min(P, hi), 0
+    return None, max(0, int(lo)), min(P, hi), 0, False
 
 
 def _launch_scores(q, summary, scaling, *, write_heads, agg, lo, hi, log_z=None, block_p=None, chunk=None,
@@ -290,7 +295,7 @@ def _launch_scores(q, summary, scaling, *, write_heads, agg, lo, hi, log_z=None,
     bp, ic, num_warps = _launch_config(q.dtype, block_g, n, block_p, chunk, num_warps,
                                        interpreted(_locks_score_kernel))
     nb = cdiv(P, bp)
-    bounds, lo_i, hi_i, from_ptr = _bounds_args(lo, hi, P, dev, length)
+    bounds, lo_i, hi_i, from_ptr, per_row = _bounds_args(lo, hi, P, B, dev, length)
     heads = empty(B, Hq, P, dtype=torch.float32, device=dev) if write_heads else None
     partials = agg in (2, 3) and log_z is None
     pm = empty(B, Hq, nb, dtype=torch.float32, device=dev) if partials else None
@@ -312,9 +317,9 @@ def _launch_scores(q, summary, scaling, *, write_heads, agg, lo, hi, log_z=None,
             lo_i, hi_i, H, P, nb, G, d, float(scaling),
             R=r, N=n, IC=ic, BLOCK_G=block_g, BLOCK_P=bp, BLOCK_D=pow2(d, 16), BLOCK_DH=pow2(d // 2, 16),
             F32=f32, WRITE_HEADS=write_heads, WRITE_PARTIALS=partials, AGG=agg if one_pass else 0,
-            BOUNDS=from_ptr, num_warps=num_warps,
+            BOUNDS=from_ptr, PER_ROW=per_row, num_warps=num_warps,
         )
-    return heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr), (B, Hq, H, G, P, nb, block_g)
+    return heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr, per_row), (B, Hq, H, G, P, nb, block_g)
 
 
 def locks_page_scores(q: Tensor, summary, scaling: float, *, block_p: int | None = None,
@@ -334,9 +339,9 @@ def locks_aggregated_scores(q: Tensor, summary, scaling: float, group: int, mode
     candidates are the pages [lo, hi) (hi=None: P); other pages get -inf. summary = s.kernel_tensors().
 
     lo / hi: Python ints, or int tensors on the device (read by the kernels; CUDA-graph friendly).
-    length: a one-element int tensor on the device; then the candidates are [lo, length // page_size - hi) with lo,
-    hi ints (hi = pages left out before the last complete page, e.g. the recent pages): the static decode's range,
-    read by the kernels without any host-side arithmetic.
+    length: an int tensor on the device, of 1 element (every row) or B (row b's length[b]); then the candidates of
+    row b are [lo, length[b] // page_size - hi) with lo, hi ints (hi = pages left out before the last complete page,
+    e.g. the recent pages): the static decode's range, read by the kernels without any host-side arithmetic.
     log_z [B, Hq]: if given, norm/max use it instead of the exact current-step log Z (one-pass variant, spec A3.3).
     return_heads=True returns (A, S [B, Hq, P], log Z [B, Hq] or None): S is needed by the certificate (A5.5). In raw
     mode S is only materialized when requested; log Z is None in raw mode and when `log_z` is given.
@@ -349,7 +354,7 @@ def locks_aggregated_scores(q: Tensor, summary, scaling: float, group: int, mode
     if q.shape[1] != group * kv_heads:
         raise ValueError(f"group={group} does not match {q.shape[1]} query heads over {kv_heads} KV heads")
     two_pass = agg in (2, 3) and log_z is None
-    heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr), (B, Hq, H, G, P, nb, block_g) = _launch_scores(
+    heads, out, pm, pl, (bounds, lo_i, hi_i, from_ptr, per_row), (B, Hq, H, G, P, nb, block_g) = _launch_scores(
         q, summary, scaling, write_heads=two_pass or return_heads, agg=agg, lo=lo, hi=hi, log_z=log_z, block_p=block_p,
         chunk=chunk, num_warps=num_warps, length=length)
     logz = None
@@ -359,8 +364,9 @@ def locks_aggregated_scores(q: Tensor, summary, scaling: float, group: int, mode
             launch(_logz_kernel, (B * Hq,), pm, pl, logz, nb, BLOCK_R=min(_MAX_BLOCK_R, pow2(nb, 16)))
             launch(
                 _aggregate_kernel, (B * H, cdiv(P, block_a)),
-                heads, logz, out, bounds if bounds is not None else logz, lo_i, hi_i, P, G,
-                MODE=agg, BLOCK_G=block_g, BLOCK_A=block_a, BOUNDS=from_ptr, N=summary[4].shape[3], num_warps=4)
+                heads, logz, out, bounds if bounds is not None else logz, lo_i, hi_i, H, P, G,
+                MODE=agg, BLOCK_G=block_g, BLOCK_A=block_a, BOUNDS=from_ptr, N=summary[4].shape[3],
+                PER_ROW=per_row, num_warps=4)
         else:
             logz.fill_(NEG_INF)
     if return_heads:

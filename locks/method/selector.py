@@ -34,6 +34,7 @@ class LocksSelector(PageSelector):
     name = "locks"
     display_name = "LOCKS"
     report_order = 3
+    row_state = ("summaries", "static_log_z")  # static_log_z: log_z=previous only
 
     def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=0, sink_pages=0,
                  aggregation="norm", quant="int", v_bits=4, v_group=0, c_bits=8, mu_format="head_int8",
@@ -158,12 +159,11 @@ class LocksSelector(PageSelector):
         self.static_summarize_to = length if not self.static_fits and length // self.page_size > self.pages_built else None
         return self.static_summarize_to is not None
 
-    def select_static(self, query, keys, values, length):
+    def static_host_work(self, keys, values):
         if self.static_summarize_to is not None:
             write_summaries(self.summaries, self._summaries_to(keys, self.static_summarize_to), self.pages_built)
             self.pages_built = self.static_summarize_to // self.page_size
             self.static_summarize_to = None
-        return super().select_static(query, keys, values, length)
 
     def static_candidate_scores(self, query, keys, length):
         if self.log_z == "previous":

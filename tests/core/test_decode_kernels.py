@@ -158,3 +158,67 @@ def test_static_pages_equal_the_reference(budget, S, R):
         assert (attended == min(L, ((budget - L % n) // n) * n + L % n)).all()
 
 
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# per-row lengths: a batch of rows of different lengths in one static call == each row alone, bitwise
+
+
+def rows_alone(fn, length, *batched):
+    """fn(row b's slices of `batched`, length[b:b+1]) for every row b, concatenated along the batch."""
+    outs = [fn(*(x[b : b + 1] for x in batched), length[b : b + 1]) for b in range(length.numel())]
+    return [torch.cat(parts) for parts in zip(*outs)]
+
+
+@pytest.mark.parametrize("dtype,G", [(torch.bfloat16, 4), (torch.float32, 3)])
+def test_decode_per_row_lengths_equal_rows_alone(dtype, G):
+    """FullKV and page-list decode with length [B]: row b attends [0, length[b]) and gives exactly its output alone
+    (a page boundary, a short row, one near the capacity); slots past each row's length are never read."""
+    B, Hkv, d, C, n = 3, 2, 64, 16 * 12, 16
+    q, k, v = kv_inputs(B, Hkv, G, d, C, dtype, seed=G)
+    length = torch.tensor([16 * 7, 21, C - 3], device=DEV)
+    for b, L in enumerate(length.tolist()):
+        k[b, :, L:], v[b, :, L:] = float("nan"), float("nan")
+    kw = dict(block_n=32, num_splits=3)
+    with poisoned():
+        out, lse = full_decode(q, k, v, d ** -0.5, length, **kw)
+    assert torch.isfinite(out).all()
+    alone = rows_alone(lambda q, k, v, L: full_decode(q, k, v, d ** -0.5, L, **kw), length, q, k, v)
+    assert torch.equal(out, alone[0]) and torch.equal(lse, alone[1])
+    for b, L in enumerate(length.tolist()):  # and the reference over the row's tokens
+        ref_out, ref_lse = full_decode(q[b : b + 1], k[b : b + 1, :, :L], v[b : b + 1, :, :L], d ** -0.5, **kw)
+        assert rel_err(out[b : b + 1], ref_out) <= 1e-5 and rel_err(lse[b : b + 1], ref_lse) <= 1e-5
+    # every row at the same length: the one-element result, bitwise
+    same = full_decode(q, k, v, d ** -0.5, length[1:2].expand(B), **kw)
+    assert torch.equal(same[0], full_decode(q, k, v, d ** -0.5, length[1:2], **kw)[0])
+
+    g = torch.Generator().manual_seed(d)
+    pages = torch.stack([torch.randperm(C // n, generator=g)[:5] for _ in range(B * Hkv * G)]).view(B, Hkv, G, 5)
+    pages[..., 0] = ((length - 1) // n).view(B, 1, 1)  # each row's partial page
+    pvalid = (torch.rand(B, Hkv, G, 5, generator=g) > 0.2).to(DEV)
+    pages = pages.to(DEV)
+    with poisoned():
+        out, lse = paged_decode(q, k, v, pages.int(), d ** -0.5, pvalid, page_size=n, length=length, **kw)
+    alone = rows_alone(lambda q, k, v, p, ok, L: paged_decode(q, k, v, p, d ** -0.5, ok, page_size=n, length=L, **kw),
+                       length, q, k, v, pages.int(), pvalid)
+    assert torch.equal(out, alone[0]) and torch.equal(lse, alone[1])
+    with pytest.raises(ValueError, match="1 or B"):
+        full_decode(q, k, v, d ** -0.5, length[:2])
+
+
+def test_static_pages_per_row_lengths_equal_rows_alone():
+    """static_pages with length [B] (a page boundary, a row shorter than the budget, one near the capacity) == each
+    row alone == the reference per row."""
+    budget, n, S, R, B = 128, 16, 1, 2, 3
+    Kt = budget // n - S - R
+    length = torch.tensor([16 * 20, budget - 9, 16 * 64 - 2], device=DEV)
+    g = torch.Generator().manual_seed(5)
+    top = torch.stack([torch.randperm(16 * 20 // n - S - R, generator=g)[:Kt] + S for _ in range(B * 2)])
+    top = top.view(B, 2, Kt).to(DEV)
+    pages, valid = static_pages(top, length, budget, n, S, R)
+    alone = rows_alone(lambda t, L: static_pages(t, L, budget, n, S, R), length, top)
+    assert torch.equal(pages, alone[0]) and torch.equal(valid, alone[1])
+    for b in range(B):
+        ref_pages, ref_valid = static_page_list(top[b : b + 1], length[b : b + 1], budget, n, S, R)
+        assert torch.equal(pages[b : b + 1], ref_pages) and torch.equal(valid[b : b + 1], ref_valid)
+    assert valid[1].all() and (pages[1] == torch.arange(Kt + S + R + 1, device=DEV)).all()  # everything fits

@@ -83,6 +83,32 @@ def test_locks_aggregated_scores(case, mode):
     topk_equal_except_ties(out, ref, k, 1e-5)
 
 
+@pytest.mark.parametrize("mode", ["norm", "raw", "max"])
+def test_locks_static_scores_per_row_lengths_equal_rows_alone(mode):
+    """length [B] (a page boundary, a short row, one near the capacity): row b's candidates are
+    [lo, length[b] // 16 - hi); scores, aggregation and log Z equal the row alone bitwise, and the aggregation equals
+    the int range of the row."""
+    B, Hkv, G, d, P, dtype = 3, 2, 4, 64, 40, torch.bfloat16
+    q, s = locks_inputs(B, Hkv, G, d, P, dtype, seed=9)
+    scaling, lo, recent = d ** -0.5, 1, 2
+    length = torch.tensor([16 * 25, 16 * 6 + 3, 16 * P - 1], device=DEV)
+    summary = s.kernel_tensors()
+    with poisoned():
+        out, heads, logz = locks_aggregated_scores(q, summary, scaling, G, mode, lo, recent, length=length,
+                                                   return_heads=True)
+    for b, L in enumerate(length.tolist()):
+        row = tuple(t[b : b + 1] for t in summary)
+        alone = locks_aggregated_scores(q[b : b + 1], row, scaling, G, mode, lo, recent, length=length[b : b + 1],
+                                        return_heads=True)
+        assert torch.equal(out[b : b + 1], alone[0]) and torch.equal(heads[b : b + 1], alone[1]), b
+        assert (logz is None and alone[2] is None) or torch.equal(logz[b : b + 1], alone[2])
+        hi = L // 16 - recent
+        assert torch.equal(out[b : b + 1], locks_aggregated_scores(q[b : b + 1], row, scaling, G, mode, lo, hi))
+        assert torch.isneginf(out[b, :, hi:]).all() and torch.isfinite(out[b, :, lo:hi]).all()
+    with pytest.raises(ValueError, match="1 or B"):
+        locks_aggregated_scores(q, summary, scaling, G, mode, lo, recent, length=length[:2])
+
+
 @pytest.mark.parametrize("block_p,chunk", [(16, 16), (16, 4), (16, 2), (32, 8)])
 @pytest.mark.parametrize("case", [2, 5])
 def test_locks_scores_at_every_launch_shape(case, block_p, chunk):

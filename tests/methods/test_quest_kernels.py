@@ -67,3 +67,23 @@ def test_quest_append_equals_the_reference(dtype):
         page = (L - 1) // P
         assert torch.equal(mx[:, :, page + 1 :], kmax[:, :, page + 1 :]) and torch.equal(mx[:, :, :page], kmax[:, :, :page])
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quest_append_per_row_lengths_equal_rows_alone(dtype):
+    """length [B]: row b folds its key at slot length[b] - 1 (a page's first key, a page's last, the capacity's
+    last slot) into its own page; == each row alone, and no other page changes."""
+    B, H, d, P, C = 3, 2, 64, 16, 128
+    keys = gen(B, H, C, d, dtype=dtype, seed=7)
+    kmax, kmin = gen(B, H, C // P, d, dtype=dtype, seed=8), gen(B, H, C // P, d, dtype=dtype, seed=9)
+    kmin = torch.minimum(kmin, kmax)
+    length = torch.tensor([33, 48, C], device=DEV)
+    mx, mn = kmax.clone(), kmin.clone()
+    quest_append(keys, mx, mn, length, P)
+    for b, L in enumerate(length.tolist()):
+        mx_b, mn_b = kmax[b : b + 1].clone(), kmin[b : b + 1].clone()
+        quest_append(keys[b : b + 1], mx_b, mn_b, length[b : b + 1], P)
+        assert torch.equal(mx[b : b + 1], mx_b) and torch.equal(mn[b : b + 1], mn_b), b
+        page = (L - 1) // P
+        others = torch.arange(C // P, device=DEV) != page
+        assert torch.equal(mx[b, :, others], kmax[b, :, others]) and not torch.equal(mx[b, :, page], kmax[b, :, page])

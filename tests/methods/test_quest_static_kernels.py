@@ -39,3 +39,38 @@ def test_page_list_and_union_count_match_the_reference(L, sets):
     else:
         want = paged_attended(Selection(pages=ref, page_size=n), length, 512)
         assert torch.equal(attended, want.double())
+
+
+def test_static_kernels_per_row_lengths_equal_rows_alone():
+    """length [B] (a page boundary, a row whose open page is below the page budget: everything fits, one near the
+    capacity): the masked bounds and the page lists (one set per KV head, or G with the union counted) use each
+    row's own length and equal each row alone, bitwise."""
+    B, H, G, d, n, P, page_budget = 3, 2, 3, 32, 16, 12, 5
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(B, H * G, d, generator=gen)
+    a, b = torch.randn(B, H, P, d, generator=gen), torch.randn(B, H, P, d, generator=gen)
+    kmax, kmin = torch.maximum(a, b), torch.minimum(a, b)
+    length = torch.tensor([16 * 7, 50, 16 * P - 1])
+    with poisoned():
+        masked = quest_page_scores(q, kmax, kmin, length=length, page_size=n)
+    for r, L in enumerate(length.tolist()):
+        alone = quest_page_scores(q[r : r + 1], kmax[r : r + 1], kmin[r : r + 1], length=length[r : r + 1],
+                                  page_size=n)
+        assert torch.equal(masked[r : r + 1], alone)
+        last = -(-L // n) - 1
+        assert torch.isneginf(masked[r, :, last:]).all() and torch.isfinite(masked[r, :, :last]).all()
+    for sets in (1, G):
+        scores = masked.view(B, H, G, P)
+        scores = scores if sets == G else scores.amax(2, keepdim=True)
+        top = torch.topk(scores, page_budget - 1, dim=-1).indices
+        with poisoned():
+            pages, attended = quest_static_pages(top, length, n, page_budget, count=sets > 1)
+        for r in range(B):
+            alone = quest_static_pages(top[r : r + 1], length[r : r + 1], n, page_budget, count=sets > 1)
+            assert torch.equal(pages[r : r + 1], alone[0])
+            assert (attended is None and alone[1] is None) or torch.equal(attended[r : r + 1], alone[1])
+        assert (pages[1] == torch.arange(page_budget)).all()  # the open page 3 < 5: everything fits
+        if sets > 1:
+            want = torch.cat([paged_attended(Selection(pages=pages[r : r + 1], page_size=n), length[r : r + 1], 16 * P)
+                              for r in range(B)])
+            assert torch.equal(attended, want.double())
