@@ -32,7 +32,8 @@ from eval.results import (
 )
 from eval.tracking import build_logger
 from locks.core.cache import SelectorCache, prefill_backend
-from locks.core.generation import Row, generate, generate_rows
+from locks.core.chunked_prefill import check_chunk_size
+from locks.core.generation import Row, generate_rows
 from locks.core.prefill import replay_prefill
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, resolve_backend
@@ -90,6 +91,7 @@ def prepare_job(config: dict, cfg) -> Job:
     whole sweep."""
     method = check_method(config)
     batch_size(config)
+    check_chunk_size(config.get("prefill_chunk_size"))
     if not method.selector_class().uses_budget:
         method_cfg = {k: v for k, v in config["method"].items() if k != "budget_mode"}
         config = {**config, "budget": None, "method": {**method_cfg, "budget": None}}
@@ -304,30 +306,14 @@ def sample_row(loaded, method: MethodSpec, sample: dict, config: dict, capture=N
     return row, time.perf_counter() - start
 
 
-def run_sample(loaded, method: MethodSpec, sample: dict, benchmark, config: dict, capture=None,
-               prefill_seconds: float = 0.0) -> dict:
-    """One sample of one run -> its predictions.jsonl row. With `capture` (a PrefillCapture of this sample's prompt,
-    shared by a group of runs) the prefill is replayed instead of run; `seconds` then counts the shared prefill's
-    time (`prefill_seconds`) plus this run's replay and decode, what a separate run would spend."""
-    start = time.perf_counter()
-    row, replay_seconds = sample_row(loaded, method, sample, config, capture)
-    cache = row.cache
-    out = generate(loaded.model, cache, row.input_ids, row.max_new_tokens, row.eos_token_ids,
-                   min_new_tokens=row.min_new_tokens, static_decode=config.get("static_decode", False),
-                   prefill_logits=row.prefill_logits)
-    own = time.perf_counter() - start
-    events.record("run_sample", seconds=round(own, 4), method=method.name, shared_prefill=capture is not None)
-    return sample_record(loaded, sample, benchmark, row.input_ids, out[0].tolist(), cache, own + prefill_seconds,
-                         prefill_seconds + replay_seconds + cache.prefill_seconds)
-
-
-def run_batch(loaded, method: MethodSpec, samples: list[dict], benchmark, config: dict, on_record,
-              captures: list | None = None, prefill_seconds: list[float] | None = None) -> list[Row]:
-    """Several samples of one run decoded together (`batch_size` > 1, docs/batching.md): each prefilled (or
-    replayed from its capture) on its own cache, then decoded in one batch whose rows stop on their own.
-    `on_record(row)` receives each sample's predictions.jsonl row as soon as that sample has finished; the row is
-    the one `run_sample` writes for it, with `seconds` counting its prefill and its share of the batched steps.
-    Returns the decoded rows (their caches, for a benchmark's memory account)."""
+def run_samples(loaded, method: MethodSpec, samples: list[dict], benchmark, config: dict, on_record,
+                captures: list | None = None, prefill_seconds: list[float] | None = None) -> list[Row]:
+    """The one sample driver: one batch of a run's samples (one sample at batch_size 1, docs/batching.md), each
+    prefilled (or replayed from its capture, a group's PrefillCapture) on its own cache, then decoded together by
+    `generate_rows`, whose rows stop on their own. `on_record(row)` receives each sample's predictions.jsonl row as
+    soon as that sample has finished, with `seconds` counting its prefill (a group's shared one: `prefill_seconds`,
+    plus its replay) and its share of the batched steps. Returns the decoded rows (their caches, for a benchmark's
+    memory account)."""
     captures = captures or [None] * len(samples)
     prefill_seconds = prefill_seconds or [0.0] * len(samples)
     rows, replayed = [], []
@@ -346,19 +332,8 @@ def run_batch(loaded, method: MethodSpec, samples: list[dict], benchmark, config
         on_record(sample_record(loaded, samples[i], benchmark, row.input_ids, row.tokens, cache,
                                 own + prefill_seconds[i], prefill_seconds[i] + replayed[i] + cache.prefill_seconds))
 
-    return generate_rows(loaded.model, rows, static_decode=config.get("static_decode", False), on_finish=finished)
-
-
-def run_samples(loaded, method: MethodSpec, samples: list[dict], benchmark, config: dict, on_record,
-                captures: list | None = None, prefill_seconds: list[float] | None = None) -> None:
-    """One batch of a run's samples, each row to `on_record` as it finishes: `run_sample` for a single sample (the
-    batch-1 path), `run_batch` for several."""
-    if len(samples) == 1 and batch_size(config) == 1:
-        on_record(run_sample(loaded, method, samples[0], benchmark, config,
-                             capture=captures[0] if captures else None,
-                             prefill_seconds=prefill_seconds[0] if prefill_seconds else 0.0))
-    else:
-        run_batch(loaded, method, samples, benchmark, config, on_record, captures, prefill_seconds)
+    return generate_rows(loaded.model, rows, static_decode=config.get("static_decode", False), on_finish=finished,
+                         prefill_chunk_size=config.get("prefill_chunk_size"))
 
 
 def sample_record(loaded, sample: dict, benchmark, ids, tokens: list[int], cache: SelectorCache, seconds: float,

@@ -135,7 +135,8 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
                 ids = prompt_ids(loaded, sample)
                 start = time.perf_counter()
                 with events.timed("prefill", tokens=int(ids.shape[1]), shared_by=len(jobs)):
-                    captures.append(capture_prefill(loaded.model, ids, int(sample["max_new_tokens"]), positions))
+                    captures.append(capture_prefill(loaded.model, ids, int(sample["max_new_tokens"]), positions,
+                                                    config.get("prefill_chunk_size")))
                 prefill_seconds.append(time.perf_counter() - start)
             for job in jobs:
                 mine = [i for i, s in enumerate(batch) if sample_id(s) in todo[job.out_dir]]

@@ -3,7 +3,7 @@
 1. Throughput of one run per method and batch size: the default suite (the embedded model, RULER niah_single_2 at
    2K, budget 128) with --num-samples samples. Each sample is prefilled once (timed: a run pays it per sample at
    any batch size, since rows prefill one at a time), then every method decodes all of them at each batch size,
-   through the runner's own batch-1 path (`run_sample`) and batched path (`run_batch`). Reported per (method, batch):
+   through the runner's own sample driver (`run_samples`) at each batch size. Reported per (method, batch):
    decode seconds (replay + decode), decode samples/s, the run's samples/s with its prefills, the ratio to batch 1,
    whether every prediction equals batch 1's, and the decode state held at once (K/V and selector state of the
    rows in flight; on CUDA also torch.cuda.max_memory_allocated).
@@ -94,7 +94,7 @@ class RowWork:
 def throughput(args) -> list[dict]:
     from eval.benchmarks import build_benchmark
     from eval.results import sample_id
-    from eval.runner import batches, load_checked, method_spec, prompt_ids, run_batch, run_sample
+    from eval.runner import batches, load_checked, method_spec, prompt_ids, run_samples
     from locks.core.prefill import capture_prefill, tensor_bytes
 
     base = [f"benchmark.num_samples={args.num_samples}", "logger=none", f"budget={args.budget}", *args.extra]
@@ -124,14 +124,14 @@ def throughput(args) -> list[dict]:
                 torch.cuda.reset_peak_memory_stats()
             start, row_work.seconds = time.perf_counter(), 0.0
             for group in batches(list(range(len(samples))), size):
-                if size == 1:
-                    rows.append(run_sample(loaded, method, samples[group[0]], benchmark, job,
-                                           capture=captures[group[0]]))
-                    continue
-                decoded = run_batch(loaded, method, [samples[i] for i in group], benchmark, job, rows.append,
-                                    captures=[captures[i] for i in group])
+                decoded = run_samples(loaded, method, [samples[i] for i in group], benchmark, job, rows.append,
+                                      captures=[captures[i] for i in group])
+                # stacked rows (static decode) hold views of one storage per tensor: each storage counts once, and
+                # each row then holds the batch's mean
+                total = tensor_bytes([row.cache for row in decoded])
                 held = [tensor_bytes(row.cache) for row in decoded]
-                peak = max(peak, sum(held))
+                held = held if sum(held) == total else [total // len(group)] * len(group)
+                peak = max(peak, total)
                 state.update({sample_id(samples[i]): b for i, b in zip(group, held)})
             if cuda:
                 torch.cuda.synchronize()

@@ -83,15 +83,18 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
     sinks = kwargs.get("s_aux")
 
     if cache.phase == "prefill":
-        check_finite("prompt keys", key)
+        check_finite("prompt keys", key[:, :, key.shape[2] - query.shape[2] :])  # this chunk's (the whole prompt's)
         out = dense_prefill(module, query, key, value, attention_mask, dropout, scaling, cache.prefill_backend, **kwargs)
+        queries = cache.prompt_queries(layer_idx, query.detach())  # a chunked prefill's, over its chunks
+        if not cache.prefill_last:  # a chunk before the last: the selector's prefill runs after the last
+            return out, None
         positions = kwargs.get("position_ids")
-        if positions is None:
+        if positions is None or positions.shape[-1] != key.shape[2]:  # none given, or a chunk's: prompts start at 0
             positions = torch.arange(key.shape[2], device=key.device).expand(key.shape[0], -1)
         positions = positions.expand(key.shape[0], -1)
         k, v = key.detach(), value.detach()  # selector state never takes part in autograd
         ctx = PrefillContext(
-            keys=k, values=v, queries=query.detach(), positions=positions,
+            keys=k, values=v, queries=queries, positions=positions,
             pre_rope_keys=lambda: cache.unrotate(k, positions, layer_idx),
             max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
             rotate=functools.partial(cache.rotate, layer_idx=layer_idx),

@@ -64,6 +64,7 @@ class SelectorLayer(DynamicLayer):
         self.selector = selector  # the method's selector, or SlidingWindow on a sliding-window layer
         self.length = 0
         self.reserve = 0  # slots the first update (the prompt) adds for the tokens the generation will append
+        self.prompt_queries: Tensor | None = None  # a chunked prefill: the trailing queries the selector reads
         self.static_position: Tensor | None = None  # static decode: [1] int64 slot of the token being decoded
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -241,6 +242,7 @@ class SelectorCache(Cache):
                                  inspect.signature(self.rotary_emb.forward).parameters else None)
         self.model_type = getattr(config, "model_type", None)
         self.phase = "prefill"
+        self.prefill_last = True  # a chunked prefill (locks/core/chunked_prefill.py): False before the last chunk
         self.max_new_tokens = None  # set by `generate` before the prefill
         self.max_length = int(getattr(config, "max_position_embeddings", 0)) or None
         self.measure_coverage = measure_coverage
@@ -255,6 +257,22 @@ class SelectorCache(Cache):
         if info.sliding_window is not None and self.window_layers:
             return SlidingWindow(info)
         return self.method.build(info)
+
+    def prompt_queries(self, layer_idx: int, queries: Tensor) -> Tensor:
+        """A prefill chunk's queries [B, Hq, n, d] joined to the ones kept from the earlier chunks, of which the
+        layer's selector reads only the trailing `prefill_queries()` (None: all). Before the last chunk they are
+        kept; at the last, returned (and no longer kept)."""
+        layer = self.layers[layer_idx]
+        if layer.prompt_queries is not None:
+            queries = torch.cat([layer.prompt_queries, queries], dim=2)
+        if self.prefill_last:
+            layer.prompt_queries = None
+            return queries
+        needed = layer.selector.prefill_queries()
+        if needed is not None:
+            queries = queries[:, :, queries.shape[2] - min(needed, queries.shape[2]) :]
+        layer.prompt_queries = queries.clone() if needed is not None else queries
+        return queries
 
     def configure_layer(self, layer_idx: int, sliding_window: int | None, scaling: float) -> None:
         """The layer as transformers runs it (the attention function's `sliding_window` and `scaling`, at the

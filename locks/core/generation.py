@@ -14,6 +14,7 @@ import torch
 
 from locks.core.batch import RowBatch
 from locks.core.cache import SelectorCache
+from locks.core.chunked_prefill import prefill_prompt
 from locks.core.static_decode import StaticDecodeStep
 from locks.errors import ConfigError
 
@@ -47,13 +48,15 @@ def static_after_prefill(requested, static: bool, caches: list[SelectorCache]) -
 @torch.inference_mode()
 def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_tokens: int,
              eos_token_ids: list[int] | tuple[int, ...] = (), min_new_tokens: int = 0,
-             static_decode=False, prefill_logits: torch.Tensor | None = None) -> torch.Tensor:
+             static_decode=False, prefill_logits: torch.Tensor | None = None,
+             prefill_chunk_size: int | None = None) -> torch.Tensor:
     """input_ids [B, L] (no padding) -> generated ids [B, <= max_new_tokens], stopping when every row hit an EOS.
 
     Before `min_new_tokens` tokens exist the EOS logits are masked (as transformers' MinLengthLogitsProcessor does).
     The decode mode used is left in `cache.decode_mode` ("eager", "static" or "cuda_graph"). `prefill_logits`: the
     prompt is already in `cache` (locks/core/prefill.py: replay_prefill) and these are its last position's logits
-    [B, vocab]; the model's prefill is not run again.
+    [B, vocab]; the model's prefill is not run again. `prefill_chunk_size`: the prompt goes through the model in
+    chunks of that many tokens (locks/core/chunked_prefill.py; None: one forward).
     """
     eos = torch.tensor(list(eos_token_ids), device=input_ids.device, dtype=torch.long)
     static = use_static_decode(static_decode, cache, input_ids.device) and max_new_tokens > 1
@@ -65,10 +68,8 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
 
     start = time.perf_counter()
     if prefill_logits is None:
-        cache.phase = "prefill"
         cache.max_new_tokens = int(max_new_tokens)
-        logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
-        prefill_logits = logits[:, -1]
+        prefill_logits = prefill_prompt(model, cache, input_ids, prefill_chunk_size)
     elif cache.get_seq_length() != input_ids.shape[1]:
         raise ValueError(f"the cache holds {cache.get_seq_length()} tokens, the prompt {input_ids.shape[1]}")
     if input_ids.device.type == "cuda":
@@ -143,7 +144,7 @@ class Row:
 
 @torch.inference_mode()
 def generate_rows(model, rows: list[Row], static_decode=False,
-                  on_finish: Callable[[Row], None] | None = None) -> list[Row]:
+                  on_finish: Callable[[Row], None] | None = None, prefill_chunk_size: int | None = None) -> list[Row]:
     """Greedy decoding of several samples at once (docs/batching.md): each row's prefill on its own cache (or
     replayed), then decode steps over every unfinished row together, each row at its own position and length.
 
@@ -159,10 +160,8 @@ def generate_rows(model, rows: list[Row], static_decode=False,
     for row in rows:
         start = time.perf_counter()
         if row.prefill_logits is None:
-            row.cache.phase = "prefill"
             row.cache.max_new_tokens = int(row.max_new_tokens)
-            row.prefill_logits = model(input_ids=row.input_ids, cache=row.cache, sparse_cache=row.cache,
-                                       use_cache=True, logits_to_keep=1).logits[:, -1]
+            row.prefill_logits = prefill_prompt(model, row.cache, row.input_ids, prefill_chunk_size)
         elif row.cache.get_seq_length() != row.input_ids.shape[1]:
             raise ValueError(f"a row's cache holds {row.cache.get_seq_length()} tokens, its prompt "
                              f"{row.input_ids.shape[1]}")

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from locks.core.cache import SelectorCache
+from locks.core.chunked_prefill import prefill_prompt
 from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
 
 
@@ -94,6 +95,9 @@ class _Recorder(Selector):
         self.queries: Tensor | None = None
         self.positions: Tensor | None = None
 
+    def prefill_queries(self) -> int | None:
+        return self.query_positions
+
     def prefill(self, ctx: PrefillContext) -> None:
         L = ctx.queries.shape[2]
         n = L if self.query_positions is None else min(L, self.query_positions)
@@ -122,19 +126,20 @@ def query_positions_needed(selectors: list[Selector]) -> int | None:
 
 
 @torch.inference_mode()
-def capture_prefill(model, input_ids: Tensor, max_new_tokens: int, query_positions: int | None) -> PrefillCapture:
-    """Run the dense prefill of `input_ids` [B, L] once and keep what every selector's prefill is given (the K/V in
-    the recording cache's own buffers, which hold the prompt and room for the generation)."""
+def capture_prefill(model, input_ids: Tensor, max_new_tokens: int, query_positions: int | None,
+                    chunk_size: int | None = None) -> PrefillCapture:
+    """Run the dense prefill of `input_ids` [B, L] once (in chunks of `chunk_size` tokens, locks/core/
+    chunked_prefill.py) and keep what every selector's prefill is given (the K/V in the recording cache's own
+    buffers, which hold the prompt and room for the generation)."""
     cache = SelectorCache(model, _RecordingSpec(query_positions), window_layers=False)
-    cache.phase = "prefill"
     cache.max_new_tokens = int(max_new_tokens)
-    logits = model(input_ids=input_ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1).logits
+    last = prefill_prompt(model, cache, input_ids, chunk_size)
     layers = [LayerPrefill(layer._k, layer._v,
                            # a sliding layer's selector reads no query: it is the same window in every run
                            layer.selector.queries if info.sliding_window is None else layer.selector.queries[:, :, :0],
                            layer.selector.positions, info.sliding_window, info.scaling)
               for layer, info in zip(cache.layers, cache.infos)]
-    return PrefillCapture(layers, logits[:, -1].clone(), int(input_ids.shape[1]), int(max_new_tokens),
+    return PrefillCapture(layers, last.clone(), int(input_ids.shape[1]), int(max_new_tokens),
                           query_positions)
 
 

@@ -132,6 +132,7 @@ def test_the_command_line_gives_one_line_errors_and_a_nonzero_exit(tmp_path, arg
 
 @pytest.mark.parametrize("args,expected", [
     (["batch_size=0"], "batch_size must be a positive"),
+    (["prefill_chunk_size=0"], "prefill_chunk_size must be null"),
     (["method.rank=16"], "method.rank"),
     (["method.page_size=12"], "method.page_size"),
     (["benchmark.tasks=[niah_nothing]"], "benchmark.tasks"),
