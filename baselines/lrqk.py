@@ -339,6 +339,15 @@ class LRQKSelector(Selector):
         state = Hq * (length * self.r + 2 * self.r * d) * s
         return {"kv": float(Hq * hot * 2 * d * s), "state": float(state), "host": float(cold * info.token_kv_bytes)}
 
+    def harness_bytes(self, length: int) -> float:
+        """The hot cache's K/V (a copy of rows the harness's whole cache also holds) and A_K's room for decode
+        tokens (allocated for max(1.5 L, L + 1) rows at prefill)."""
+        info = self.info
+        s, d, Hq = info.kv_element_bytes, info.head_dim, info.num_heads
+        hot = min(self.k + self.n, length)
+        room = max(int(1.5 * length), length + 1) - length
+        return float(Hq * hot * 2 * d * s + Hq * room * self.r * s)
+
     def prefill_queries(self) -> int | None:
         return None  # the ALS factorization of Q K^T uses every prompt query
 

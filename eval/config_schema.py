@@ -20,7 +20,8 @@ from locks.errors import ConfigError
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUPS = ("benchmark", "model", "logger")
 METHOD_KEYS = {"name": "", "budget": 1, "backend": "auto"}  # keys every method has besides its constructor's
-RUN_KEYS = {"job": "benchmark", "profile": None}  # set by presets (conf/experiment/), typed there
+RUN_KEYS = {"job": "benchmark", "profile": None,  # set by presets (conf/experiment/), typed there
+            "plan": False}  # +plan=true: print the run's memory plan (eval/memory_plan.py) and run nothing
 # keys whose value is one of several kinds: auto | true | false
 ALTERNATIVES = {"static_decode": ("auto", True), "benchmark.chat_template": ("auto", True)}
 

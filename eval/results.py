@@ -19,7 +19,7 @@ from eval.stats import bootstrap_ci
 
 # static_decode (eager steps or one captured CUDA graph) computes the same selections and attention up to float
 # rounding, like method.backend below; both are recorded in metrics.json (decode_mode, attn_backend)
-NOT_HASHED = ("logger", "paths", "hydra", "static_decode", "batch_size", "prefill_chunk_size")
+NOT_HASHED = ("logger", "paths", "hydra", "static_decode", "batch_size", "prefill_chunk_size", "plan")
 # wall-clock fields of predictions rows and metrics.json: the only ones that differ between identical runs
 TIMING_FIELDS = frozenset({"seconds", "prefill_seconds", "decode_seconds", "seconds_per_sample",
                            "prefill_seconds_per_sample", "decode_seconds_per_sample"})

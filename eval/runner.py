@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from eval import events
 from eval.benchmarks import build_benchmark
+from eval.memory_plan import check_plan, run_plan
 from eval.results import (
     append_prediction,
     efficiency_summary,
@@ -116,12 +117,16 @@ def run_benchmark(config: dict, cfg) -> dict:
     """config: the resolved config as a plain dict; cfg: the same as an OmegaConf object (for group access)."""
     job = prepare_job(config, cfg)
     benchmark = build_benchmark(cfg.benchmark)
+    if config.get("plan"):  # +plan=true: the memory plan as a table, nothing run
+        print(run_plan(job.config, cfg, benchmark, [job.method]).table())
+        return {}
     with locked([job]):
         stored = start_job(job)
         if stored is not None:
             return stored
         events.record("job_start", job=job.label)
         seed_everything(int(job.config["seed"]))
+        check_plan(run_plan(job.config, cfg, benchmark, [job.method]))
         loaded = load_checked(cfg.model, benchmark)
         check_context(job.config["benchmark"], loaded)
         with events.timed("samples"):

@@ -95,9 +95,9 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         k, v = key.detach(), value.detach()  # selector state never takes part in autograd
         ctx = PrefillContext(
             keys=k, values=v, queries=queries, positions=positions,
-            pre_rope_keys=lambda: cache.unrotate(k, positions, layer_idx),
+            pre_rope_keys=lambda: cache.rotation.unrotate(k, positions, layer_idx),
             max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
-            rotate=functools.partial(cache.rotate, layer_idx=layer_idx),
+            rotate=functools.partial(cache.rotation.rotate, layer_idx=layer_idx),
         )
         selector.prefill(ctx)
         return out, None

@@ -34,25 +34,26 @@ from locks.errors import ConfigError
 
 
 class _RowsLayer(CacheLayerMixin):
-    """Layer `layer_idx` of every row: `update` writes row r's new K/V into row r's layer."""
+    """Layer `layer_idx` of every row: `update` writes row r's new K/V into row r's layer. It holds the rows, not
+    the RowBatch: no reference cycle keeps a finished batch's caches alive until the cycle collector runs."""
 
     is_sliding = False
 
-    def __init__(self, batch: "RowBatch", layer_idx: int):
+    def __init__(self, rows: list[SelectorCache], layer_idx: int):
         super().__init__()
-        self.batch, self.layer_idx = batch, layer_idx
+        self.rows, self.layer_idx = rows, layer_idx
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
         pass
 
     def update(self, key_states, value_states, *args, **kwargs):
-        for r, row in enumerate(self.batch.rows):
+        for r, row in enumerate(self.rows):
             row.layers[self.layer_idx].update(key_states[r : r + 1], value_states[r : r + 1])
         return key_states, value_states  # each row's attention reads its own cache (RowBatch.row_kv)
 
     def get_seq_length(self) -> int:
-        return max(row.layers[self.layer_idx].length for row in self.batch.rows)
+        return max(row.layers[self.layer_idx].length for row in self.rows)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         # the mask transformers builds for the batch is not used: each row attends its own length
@@ -71,7 +72,7 @@ class RowBatch(Cache):
         if len({len(row.layers) for row in rows}) != 1:
             raise ValueError("the rows of a batch must be caches of one model")
         self.rows = list(rows)
-        super().__init__(layers=[_RowsLayer(self, i) for i in range(len(rows[0].layers))])
+        super().__init__(layers=[_RowsLayer(self.rows, i) for i in range(len(rows[0].layers))])
         self.live = [True] * len(self.rows)  # static decode: False for a row that has finished
         self.phase = rows[0].phase
         self.stacked: SelectorCache | None = None  # static decode of stackable rows: the one cache a step runs on

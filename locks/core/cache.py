@@ -235,12 +235,7 @@ class SelectorCache(Cache):
         ]
         super().__init__(layers=[SelectorLayer(self._build(info)) for info in infos])
         self.infos = infos
-        self.rotary_emb = model.model.rotary_emb
-        # a model with one rotary embedding per layer type (Gemma 3) asks for the layer's type in its forward, as
-        # config.layer_types names it (what the model's own layers index their position embeddings by)
-        self.rope_layer_types = ((getattr(config, "layer_types", None) or []) if "layer_type" in
-                                 inspect.signature(self.rotary_emb.forward).parameters else None)
-        self.model_type = getattr(config, "model_type", None)
+        self.rotation = KeyRotation(model)
         self.phase = "prefill"
         self.prefill_last = True  # a chunked prefill (locks/core/chunked_prefill.py): False before the last chunk
         self.max_new_tokens = None  # set by `generate` before the prefill
@@ -432,6 +427,27 @@ class SelectorCache(Cache):
                     sums.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in sums.items()}
 
+    def rotate(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None) -> Tensor:
+        return self.rotation.rotate(keys, positions, layer_idx)
+
+    def unrotate(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None) -> Tensor:
+        return self.rotation.unrotate(keys, positions, layer_idx)
+
+
+class KeyRotation:
+    """The model's RoPE applied to or removed from cached keys, per layer (ShadowKV's pre-RoPE factors). It holds the
+    model's rotary embedding, never the cache: a selector that keeps it (`PrefillContext.rotate`) forms no reference
+    cycle with its cache, which is then freed as soon as its sample ends."""
+
+    def __init__(self, model):
+        config = model.config
+        self.rotary_emb = model.model.rotary_emb
+        # a model with one rotary embedding per layer type (Gemma 3) asks for the layer's type in its forward, as
+        # config.layer_types names it (what the model's own layers index their position embeddings by)
+        self.layer_types = ((getattr(config, "layer_types", None) or []) if "layer_type" in
+                            inspect.signature(self.rotary_emb.forward).parameters else None)
+        self.model_type = getattr(config, "model_type", None)
+
     def _rope_terms(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None
                     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """(k, rot(k), cos, sin, passed-through channels) in fp32 for keys [B, Hkv, n, d] at positions [B, n], with
@@ -442,11 +458,11 @@ class SelectorCache(Cache):
             raise ConfigError(f"pre-RoPE keys (needed by ShadowKV) are implemented for the RoPE layouts of "
                               f"{sorted(ROPE_LAYOUTS)}; model_type {self.model_type!r} is not among them")
         kwargs = {}
-        if self.rope_layer_types is not None:
-            if layer_idx is None or not self.rope_layer_types:
+        if self.layer_types is not None:
+            if layer_idx is None or not self.layer_types:
                 raise ConfigError(f"model_type {self.model_type!r} rotates each layer type with its own RoPE: the "
                                   f"rotation needs the layer (config.layer_types)")
-            kwargs["layer_type"] = self.rope_layer_types[layer_idx]
+            kwargs["layer_type"] = self.layer_types[layer_idx]
         cos, sin = self.rotary_emb(keys, position_ids=positions, **kwargs)
         cos, sin = cos.unsqueeze(1).float(), sin.unsqueeze(1).float()
         if layout == "half" and 2 * cos.shape[-1] == keys.shape[-1]:  # GPT-OSS: one angle per channel pair

@@ -225,6 +225,12 @@ class Selector(ABC):
         Default (FullKV, the oracles): the whole K/V on the device, no state."""
         return {"kv": float(length * self.info.token_kv_bytes), "state": 0.0, "host": 0.0}
 
+    def harness_bytes(self, length: int) -> float:
+        """Device bytes this selector holds in the harness beyond the whole K/V (which the harness always keeps) and
+        its design "state" of `memory_bytes`: copies of K/V rows, room preallocated for growth. The memory plan
+        (eval/memory_plan.py) adds them. Default: none."""
+        return 0.0
+
     # ----- static decode (CUDA-graph capturable) ------------------------------------------------------------------
 
     def static_decode_error(self) -> str | None:

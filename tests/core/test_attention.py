@@ -200,6 +200,6 @@ def test_flash_attn_prefill_path_matches_sdpa(tiny, monkeypatch):
 
 def test_pre_rope_keys_refuse_models_with_another_rotary_layout(tiny):
     cache = SelectorCache(tiny, MethodSpec("fullkv", 64))
-    cache.model_type = "gpt_neox"
+    cache.rotation.model_type = "gpt_neox"
     with pytest.raises(ConfigError, match="RoPE layouts"):
         cache.unrotate(torch.randn(1, 2, 3, 16), torch.arange(3)[None])
