@@ -21,7 +21,7 @@ from eval.stats import bootstrap_ci
 # rounding, like method.backend below; both are recorded in metrics.json (decode_mode, attn_backend)
 NOT_HASHED = ("logger", "paths", "hydra", "static_decode", "batch_size", "prefill_chunk_size", "plan")
 # wall-clock fields of predictions rows and metrics.json: the only ones that differ between identical runs
-TIMING_FIELDS = frozenset({"seconds", "prefill_seconds", "decode_seconds", "seconds_per_sample",
+TIMING_FIELDS = frozenset({"seconds", "prefill_seconds", "decode_seconds", "capture_seconds", "seconds_per_sample",
                            "prefill_seconds_per_sample", "decode_seconds_per_sample"})
 
 

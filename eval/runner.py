@@ -360,6 +360,7 @@ def sample_record(loaded, sample: dict, benchmark, ids, tokens: list[int], cache
         # the prefill (a group's shared one plus this run's replay, or the run's own) and the decode, apart
         "prefill_seconds": round(prefill_seconds, 3),
         "decode_seconds": round(cache.decode_seconds, 3),
+        "capture_seconds": round(cache.capture_seconds, 3),  # a CUDA graph's capture (static decode on CUDA)
         "decode_mode": cache.decode_mode,
         **stats,
         "method_metrics": cache.extra_metrics(),

@@ -47,13 +47,29 @@ def config_windows(config) -> list[int | None]:
     return [int(window) if t == "sliding_attention" else None for t in types]
 
 
-def prefill_backend(device, dtype) -> str:
-    """"flash_attn" when the optional flash-attn package is importable and the model runs on CUDA in fp16/bf16
-    (`pip install '.[gpu]'`), else "sdpa" (transformers' SDPA path)."""
+def flash_attn_usable() -> bool:
+    """Whether flash-attn's kernel imports: a wheel built for another torch is found by the import system but fails
+    when its compiled extension loads, which must happen here (one warning, SDPA instead), not at the first
+    prefill."""
     import importlib.util
+    import warnings
 
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        from flash_attn import flash_attn_func  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as err:
+        warnings.warn(f"flash-attn is installed but does not load ({type(err).__name__}: {err}); the prefill uses "
+                      f"SDPA (reinstall flash-attn built for torch {torch.__version__})")
+        return False
+    return True
+
+
+def prefill_backend(device, dtype) -> str:
+    """"flash_attn" when the optional flash-attn package loads and the model runs on CUDA in fp16/bf16
+    (`pip install '.[gpu]'`), else "sdpa" (transformers' SDPA path)."""
     usable = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-    return "flash_attn" if usable and importlib.util.find_spec("flash_attn") is not None else "sdpa"
+    return "flash_attn" if usable and flash_attn_usable() else "sdpa"
 
 
 class SelectorLayer(DynamicLayer):
@@ -244,6 +260,7 @@ class SelectorCache(Cache):
         self.stats = DecodeStats()
         self.decode_mode = "eager"  # set by `generate`: eager | static | cuda_graph
         self.prefill_seconds = self.decode_seconds = 0.0  # set by `generate`
+        self.capture_seconds = 0.0  # the CUDA graph's warm-ups and capture, not part of decode_seconds
         # static decode: count on the device the attended tokens the host cannot know (e.g. Quest's per-head union);
         # a benchmark may turn it off to time the selection and attention alone
         self.device_accounting = True

@@ -105,9 +105,11 @@ def generate(model, cache: SelectorCache, input_ids: torch.Tensor, max_new_token
         finished |= torch.isin(token, eos)
     if static:
         cache.finish_static()
+        cache.capture_seconds = step.capture_seconds
     if input_ids.device.type == "cuda":
         torch.cuda.synchronize()
-    cache.decode_seconds = time.perf_counter() - start  # the first token's pick, then every decode step
+    # the first token's pick, then every decode step; a CUDA graph's capture apart (capture_seconds)
+    cache.decode_seconds = time.perf_counter() - start - cache.capture_seconds
     return torch.stack(out, dim=1)
 
 
@@ -186,6 +188,7 @@ def generate_rows(model, rows: list[Row], static_decode=False,
         if static:
             batch.live[rows.index(row)] = False
             row.cache.finish_static()
+            row.cache.capture_seconds = step.capture_seconds  # the batch's capture, which every row waited for
         row.cache.decode_seconds = row.decode_seconds
         if on_finish is not None:
             on_finish(row)
@@ -196,6 +199,7 @@ def generate_rows(model, rows: list[Row], static_decode=False,
     while not all(r.finished for r in rows):
         active = rows if static else [r for r in rows if not r.finished]
         start = time.perf_counter()
+        captured = step.capture_seconds if static else 0.0
         tokens = torch.tensor([r.tokens[-1] for r in active], device=device)
         positions = [r.position for r in active]
         if static:
@@ -210,7 +214,8 @@ def generate_rows(model, rows: list[Row], static_decode=False,
             row.take(row.pick(logits[i]))
         if device.type == "cuda":
             torch.cuda.synchronize()
-        share = (time.perf_counter() - start) / len(stepping)
+        captured = (step.capture_seconds if static else 0.0) - captured  # a capture in this step is not decode time
+        share = (time.perf_counter() - start - captured) / len(stepping)
         for _, row in stepping:
             row.decode_seconds += share
             if row.finished:

@@ -13,6 +13,8 @@ only computed by eager steps.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
@@ -39,6 +41,7 @@ class StaticDecodeStep:
         self.cuda_graph = cuda_graph and device.type == "cuda"
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: Tensor | None = None
+        self.capture_seconds = 0.0  # the warm-ups and the capture, which a decode's time does not include
 
     @property
     def mode(self) -> str:
@@ -58,7 +61,9 @@ class StaticDecodeStep:
         self.cache.set_static_position(position)
         if self.cuda_graph and not self.cache.static_host_step:
             if self.graph is None:
+                start = time.perf_counter()
                 self._capture()
+                self.capture_seconds += time.perf_counter() - start
             self.graph.replay()
             logits = self.logits
         else:
@@ -83,3 +88,4 @@ class StaticDecodeStep:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.logits = self.forward()
+            torch.cuda.synchronize()

@@ -198,6 +198,25 @@ def test_flash_attn_prefill_path_matches_sdpa(tiny, monkeypatch):
     assert prefill_backend("cpu", torch.float32) == "sdpa"
 
 
+def test_a_flash_attn_that_does_not_load_falls_back_to_sdpa_at_once(monkeypatch):
+    """A flash-attn wheel built for another torch is found (find_spec) but its kernel does not import: the backend
+    is chosen by importing it, so such a wheel means SDPA with one warning, not a failure at the first prefill."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from locks.core.cache import prefill_backend
+
+    broken = types.ModuleType("flash_attn")  # no flash_attn_func: `from flash_attn import ...` raises ImportError
+    broken.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn", broken)
+    with pytest.warns(UserWarning, match="flash-attn is installed but does not load"):
+        assert prefill_backend("cuda", torch.bfloat16) == "sdpa"
+    broken.flash_attn_func = lambda *args, **kwargs: None
+    assert prefill_backend("cuda", torch.bfloat16) == "flash_attn"
+    assert prefill_backend("cuda", torch.float32) == "sdpa"
+
+
 def test_pre_rope_keys_refuse_models_with_another_rotary_layout(tiny):
     cache = SelectorCache(tiny, MethodSpec("fullkv", 64))
     cache.rotation.model_type = "gpt_neox"

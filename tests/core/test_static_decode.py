@@ -47,6 +47,13 @@ CASES = [(name, 128, opts) for name, opts in DEFAULTS if _static_error(name, opt
 # host reads of device values (.item(), bool(t), data-dependent output shapes): forbidden inside a captured graph
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique",
             "aten.item", "aten.equal")
+# factorizations and solves: on CUDA they may run in MAGMA or cuSOLVER paths that synchronize the device, which a
+# capture forbids (and a CPU trace cannot see inside them)
+LINALG_OPS = ("aten.linalg_solve", "aten._linalg_solve", "aten.linalg_lu", "aten.linalg_cholesky",
+              "aten.linalg_inv", "aten.linalg_eig", "aten._linalg_eig", "aten.linalg_qr", "aten._linalg_svd",
+              "aten.linalg_ldl", "aten.cholesky", "aten.lu_", "aten.triangular_solve", "aten.linalg_solve_triangular")
+# methods whose static step still solves inside the graph (issue 43: a capturable solver for LRQK)
+LINALG_IN_STEP = {"lrqk"}
 
 
 @pytest.fixture(scope="module")
@@ -207,11 +214,14 @@ def traced_steps(model, method, budget, options, backend, positions, launches=No
     return traces
 
 
-def check_replayable(traces):
-    """The steps a graph replays (all but those that run outside it) launch the same ops, with no host sync."""
+def check_replayable(traces, method: str = ""):
+    """The steps a graph replays (all but those that run outside it) launch the same ops, with no host sync and no
+    factorization or solve (but for the methods of LINALG_IN_STEP, which must have them: the list stays true)."""
     (p0, (ops0, launches0, _)), *rest = sorted((p, t) for p, t in traces.items() if not t[2])
     assert rest, "fewer than two graph steps traced"
     assert not [op for op in ops0 if op[0].startswith(SYNC_OPS) or op[0].startswith("boolean")], "host sync in step"
+    solves = sorted({op[0] for op in ops0 if op[0].startswith(LINALG_OPS)})
+    assert bool(solves) == (method in LINALG_IN_STEP), (method, solves)
     for p, (ops, launches, _) in rest:
         assert len(ops) == len(ops0), (p0, p)
         for i, (a, b) in enumerate(zip(ops0, ops)):
@@ -237,14 +247,14 @@ def test_only_a_step_that_completes_a_summarized_page_runs_outside_the_graph(tin
 
 @pytest.mark.parametrize("method,budget,options", CASES)
 def test_static_step_is_replayable_torch(tiny, method, budget, options):
-    check_replayable(traced_steps(tiny, method, budget, options, "torch", POSITIONS))
+    check_replayable(traced_steps(tiny, method, budget, options, "torch", POSITIONS), method)
 
 
 @pytest.mark.parametrize("method", ["fullkv", "locks", "quest", "rocketkv"])
 def test_static_step_is_replayable_triton(tiny, method, triton_launches):
     traces = traced_steps(tiny, method, 128, {}, "triton", (301, 319, 320, 321), triton_launches)
     assert all(launches for _, launches, _ in traces.values())  # the fused kernels ran inside the step
-    check_replayable(traces)
+    check_replayable(traces, method)
 
 
 def test_static_decode_choice_and_errors(tiny):
@@ -404,3 +414,33 @@ def test_the_graph_replays_every_step_but_those_that_run_outside_it(tiny):
         assert cache.static_host_step
         with pytest.raises(RuntimeError, match="cannot be captured"):
             StaticDecodeStep._capture(step)
+
+
+def test_the_capture_is_timed_apart_from_the_decode(tiny, monkeypatch):
+    """A CUDA graph's warm-ups and capture (here a stand-in that takes 0.3 s) are `capture_seconds`, not part of
+    `decode_seconds`: a batch-1 decode and a batch of rows (each row's share) alike."""
+    import time
+    import types
+
+    from locks.core.generation import Row, generate_rows
+
+    def slow_capture(step):
+        time.sleep(0.3)
+        step.logits = step.forward()
+        step.graph = types.SimpleNamespace(replay=lambda: None)  # replays return the captured logits: fine here
+
+    original = StaticDecodeStep.__init__
+
+    def on_cuda(step, *args, **kwargs):
+        original(step, *args, **kwargs)
+        step.cuda_graph = True
+
+    monkeypatch.setattr(StaticDecodeStep, "__init__", on_cuda)
+    monkeypatch.setattr(StaticDecodeStep, "_capture", slow_capture)
+    cache = SelectorCache(tiny, MethodSpec("fullkv", 128))
+    generate(tiny, cache, prompt(), 4, static_decode=True)
+    assert cache.capture_seconds >= 0.3 > cache.decode_seconds
+    rows = [Row(SelectorCache(tiny, MethodSpec("fullkv", 128)), prompt(n, seed=n), 4) for n in (301, 320)]
+    generate_rows(tiny, rows, static_decode=True)
+    for row in rows:
+        assert row.cache.capture_seconds >= 0.3 > row.cache.decode_seconds
