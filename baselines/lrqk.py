@@ -340,13 +340,16 @@ class LRQKSelector(Selector):
         return {"kv": float(Hq * hot * 2 * d * s), "state": float(state), "host": float(cold * info.token_kv_bytes)}
 
     def harness_bytes(self, length: int) -> float:
-        """The hot cache's K/V (a copy of rows the harness's whole cache also holds) and A_K's room for decode
-        tokens (allocated for max(1.5 L, L + 1) rows at prefill)."""
+        """The hot cache's K/V (the design's device "kv": a copy of rows the harness's whole cache also holds) and
+        A_K's room for decode tokens."""
         info = self.info
-        s, d, Hq = info.kv_element_bytes, info.head_dim, info.num_heads
-        hot = min(self.k + self.n, length)
-        room = max(int(1.5 * length), length + 1) - length
-        return float(Hq * hot * 2 * d * s + Hq * room * self.r * s)
+        room = self._ak_rows(length) - length
+        return self.memory_bytes(length)["kv"] + float(info.num_heads * room * self.r * info.kv_element_bytes)
+
+    @staticmethod
+    def _ak_rows(length: int) -> int:
+        """Rows A_K is allocated for after a prompt of `length` tokens (it grows from there)."""
+        return max(int(1.5 * length), length + 1)
 
     def prefill_queries(self) -> int | None:
         return None  # the ALS factorization of Q K^T uses every prompt query
@@ -384,7 +387,7 @@ class LRQKSelector(Selector):
         A_Q, B_Q, A_K, B_K = factorize() if ctx is None else ctx.shared(key, factorize)
         self.q_buf = None
         self.B_Q, self.B_K = B_Q.to(dt), B_K.to(dt)
-        self.A_K = torch.zeros(B, Hq, max(int(1.5 * l0), l0 + 1), self.r, dtype=dt, device=keys.device)
+        self.A_K = torch.zeros(B, Hq, self._ak_rows(l0), self.r, dtype=dt, device=keys.device)
         self.ak_len = 0
         self._ak_append(A_K, 0)
         self.Kh = keys.new_zeros(B, Hq, k + n, d)

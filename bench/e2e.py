@@ -150,8 +150,8 @@ def fill_cache(cache, L: int, gen, prefill_state: str, device, dtype, batch: int
         v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         layer.update(k, v)
         prefill_selector(layer.selector, k, v, gen, prefill_state, max_new_tokens=max_new_tokens,
-                         rotate=functools.partial(cache.rotate, layer_idx=i),
-                         unrotate=functools.partial(cache.unrotate, layer_idx=i))
+                         rotate=functools.partial(cache.rotation.rotate, layer_idx=i),
+                         unrotate=functools.partial(cache.rotation.unrotate, layer_idx=i))
 
 
 def sync(device):

@@ -78,13 +78,10 @@ def model_config(model_cfg):
     return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def run_plan(config: dict, cfg, benchmark, methods: list, group: int = 1) -> MemoryPlan:
-    """The plan of a run or group, after the files it reads are checked (a missing checkpoint is its own error)."""
-    from locks.core.models import check_model_files
-
-    benchmark.check_inputs()
-    check_model_files(cfg.model)
-    return plan_memory(config, model_config(cfg.model), methods, group)
+def run_plan(config: dict, model_cfg, methods: list, group: int = 1) -> MemoryPlan:
+    """The plan of a run or group of the configured model (`model_cfg`: conf/model/*.yaml; its files checked first
+    by the caller, so that a missing checkpoint is its own error)."""
+    return plan_memory(config, model_config(model_cfg), methods, group)
 
 
 def parameter_count(config) -> int:

@@ -118,7 +118,8 @@ def run_benchmark(config: dict, cfg) -> dict:
     job = prepare_job(config, cfg)
     benchmark = build_benchmark(cfg.benchmark)
     if config.get("plan"):  # +plan=true: the memory plan as a table, nothing run
-        print(run_plan(job.config, cfg, benchmark, [job.method]).table())
+        check_files(cfg.model, benchmark)
+        print(run_plan(job.config, cfg.model, [job.method]).table())
         return {}
     with locked([job]):
         stored = start_job(job)
@@ -126,8 +127,7 @@ def run_benchmark(config: dict, cfg) -> dict:
             return stored
         events.record("job_start", job=job.label)
         seed_everything(int(job.config["seed"]))
-        check_plan(run_plan(job.config, cfg, benchmark, [job.method]))
-        loaded = load_checked(cfg.model, benchmark)
+        loaded = load_checked(cfg.model, benchmark, lambda: run_plan(job.config, cfg.model, [job.method]))
         check_context(job.config["benchmark"], loaded)
         with events.timed("samples"):
             samples = benchmark.samples(loaded.tokenizer, int(job.config["seed"]))
@@ -240,14 +240,24 @@ def model_license(model_cfg: dict) -> str | None:
     return LICENSES.get(model_cfg.get("gguf", "smollm2_135m"))
 
 
-def load_checked(model_cfg, benchmark):
-    """The model, once per process (a group of jobs shares it; timed in the event log), after everything the run
-    needs from disk has been checked, each error naming the key to fix: the benchmark's data files, the
-    checkpoint folder, then the tokenizer alone and what the benchmark needs of it (a chat template)."""
-    from locks.core.models import check_model_files, load_model, load_tokenizer
+def check_files(model_cfg, benchmark) -> None:
+    """What the run reads from disk, each error naming the key to fix: the benchmark's data files, then the
+    checkpoint folder."""
+    from locks.core.models import check_model_files
 
     benchmark.check_inputs()
     check_model_files(model_cfg)
+
+
+def load_checked(model_cfg, benchmark, plan=None):
+    """The model, once per process (a group of jobs shares it; timed in the event log), after everything the run
+    needs from disk has been checked (`check_files`), then its memory plan (`plan()`, eval/memory_plan.py), then the
+    tokenizer alone and what the benchmark needs of it (a chat template)."""
+    from locks.core.models import load_model, load_tokenizer
+
+    check_files(model_cfg, benchmark)
+    if plan is not None:
+        check_plan(plan())
     with events.timed("tokenizer_load"):
         tokenizer = load_tokenizer(model_cfg)
     benchmark.check_tokenizer(tokenizer)

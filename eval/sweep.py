@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from eval import events
-from eval.memory_plan import check_plan, run_plan
+from eval.memory_plan import run_plan
 from eval.benchmarks import build_benchmark
 from eval.results import append_prediction, run_dir_name, sample_id
 from eval.runner import (
@@ -110,8 +110,8 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
     for job in jobs:
         events.record("job_start", job=job.label, group=len(jobs))
     seed_everything(seed)  # what each separate run does first, then the model and the samples
-    check_plan(run_plan(config, cfg, benchmark, [job.method for job in jobs], group=len(jobs)))
-    loaded = load_checked(cfg.model, benchmark)
+    loaded = load_checked(cfg.model, benchmark,
+                          lambda: run_plan(config, cfg.model, [job.method for job in jobs], group=len(jobs)))
     check_context(config["benchmark"], loaded)
     with events.timed("samples"):
         samples = benchmark.samples(loaded.tokenizer, seed)

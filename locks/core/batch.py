@@ -154,6 +154,9 @@ def row_attention(attend, module, query, attention_mask, dropout, scaling, batch
 
 # ----- stacked rows: one static step over rows of different lengths, no loop -----------------------------------------
 
+# SelectorCache's device counters with a row axis at dim 1 ([layers, B, ...]); its diagnostics have it at dim 0
+ROW_COUNTERS = ("static_attended", "static_bytes", "static_coverage")
+
 
 def _stacked(values: list):
     """The rows' values of one state attribute stacked along the batch axis: tensors concatenated (zero-padded where
@@ -177,9 +180,12 @@ def _stacked(values: list):
 
 def _row_view(stacked, r: int):
     """Row r's view of a stacked state value (writes through it land in the stacked tensors)."""
-    if stacked is None or isinstance(stacked, Tensor):
-        return None if stacked is None else stacked[r : r + 1]
-    return dataclasses.replace(stacked, **{f.name: getattr(stacked, f.name)[r : r + 1] for f in dataclasses.fields(stacked)
+    if stacked is None:
+        return None
+    if isinstance(stacked, Tensor):
+        return stacked[r : r + 1]
+    return dataclasses.replace(stacked, **{f.name: _row_view(getattr(stacked, f.name), r)
+                                           for f in dataclasses.fields(stacked)
                                            if isinstance(getattr(stacked, f.name), Tensor)})
 
 
@@ -188,11 +194,13 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
     its `row_state`: K/V, selector state, slot and length ([B], row b's) and device counters stacked along the batch
     axis; each row's cache, layers and selectors then hold views of them (row b of every stacked tensor), so its
     host hooks and accounting work on it as before, and a step over the stacked cache is every row's step."""
+    if any(row.layers[0]._k.shape[0] != 1 for row in rows):
+        raise ValueError("stacked rows must each hold one sequence")
     stacked = copy.copy(rows[0])
     B = len(rows)
     stacked.static_position = torch.cat([row.static_position for row in rows])
     stacked.static_length = torch.cat([row.static_length for row in rows])
-    for name in ("static_attended", "static_bytes", "static_coverage"):
+    for name in ROW_COUNTERS:
         setattr(stacked, name, torch.cat([getattr(row, name) for row in rows], dim=1))
     stacked.static_diagnostics = [torch.cat(c) for c in zip(*(row.static_diagnostics for row in rows))]
     layers = []
@@ -216,7 +224,7 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
     stacked.layers = layers
     for r, row in enumerate(rows):
         row.static_position, row.static_length = stacked.static_position[r : r + 1], stacked.static_length[r : r + 1]
-        for name in ("static_attended", "static_bytes", "static_coverage"):
+        for name in ROW_COUNTERS:
             setattr(row, name, getattr(stacked, name)[:, r : r + 1])
         row.static_diagnostics = [c[r : r + 1] for c in stacked.static_diagnostics]
         for layer, big in zip(row.layers, layers):
@@ -224,6 +232,4 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
             layer.static_position = row.static_position
     stacked.row_caches, stacked.static_host_rows, stacked.static_host_step = list(rows), [], False
     stacked.stats = None  # each row accounts into its own cache's stats
-    if B != stacked.layers[0]._k.shape[0]:
-        raise ValueError("stacked rows must each hold one sequence")
     return stacked

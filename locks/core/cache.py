@@ -82,6 +82,7 @@ class SelectorLayer(DynamicLayer):
         self.reserve = 0  # slots the first update (the prompt) adds for the tokens the generation will append
         self.prompt_queries: Tensor | None = None  # a chunked prefill: the trailing queries the selector reads
         self.static_position: Tensor | None = None  # static decode: [1] int64 slot of the token being decoded
+        self.static_rows: Tensor | None = None  # stacked rows: [B] row indices, static_position is then [B]
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
@@ -337,7 +338,7 @@ class SelectorCache(Cache):
         self.static_coverage = torch.zeros(n, B, dtype=torch.float64, device=device)
         self.static_diagnostics = [torch.zeros(B, len(layer.selector.diagnostic_names), 2, dtype=torch.float64,
                                                device=device) for layer in self.layers]
-        self.static_host_rows: list | None = None  # stacked rows (stack_rows): the rows' caches, for host work
+        self.static_host_rows: list | None = None  # stacked rows (stack_rows): the rows with host work this step
         self.static_steps = 0
         self.static_host_step = False
         for layer in self.layers:
@@ -443,12 +444,6 @@ class SelectorCache(Cache):
                 if value is not None:
                     sums.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in sums.items()}
-
-    def rotate(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None) -> Tensor:
-        return self.rotation.rotate(keys, positions, layer_idx)
-
-    def unrotate(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None) -> Tensor:
-        return self.rotation.unrotate(keys, positions, layer_idx)
 
 
 class KeyRotation:

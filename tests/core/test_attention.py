@@ -102,10 +102,10 @@ def test_pre_rope_keys_equal_the_key_projection(model_name, request):
     hook.remove()
     H, d = TINY_LLAMA["num_key_value_heads"], TINY_LLAMA["head_dim"]
     k_pre = captured["k"].view(1, 120, H, d).transpose(1, 2)
-    unrotated = cache.unrotate(cache.layers[1].keys, torch.arange(120)[None])
+    unrotated = cache.rotation.unrotate(cache.layers[1].keys, torch.arange(120)[None])
     assert torch.allclose(unrotated, k_pre, atol=1e-5)
-    # cache.rotate re-applies the layer's RoPE: rotating the projection reproduces the cached keys
-    assert torch.allclose(cache.rotate(k_pre, torch.arange(120)[None]), cache.layers[1].keys, atol=1e-5)
+    # cache.rotation.rotate re-applies the layer's RoPE: rotating the projection reproduces the cached keys
+    assert torch.allclose(cache.rotation.rotate(k_pre, torch.arange(120)[None]), cache.layers[1].keys, atol=1e-5)
     if model_name == "tiny_glm":  # only the first half of each head is rotated, in interleaved pairs
         assert torch.equal(cache.layers[1].keys[..., d // 2 :], k_pre[..., d // 2 :])
         assert not torch.allclose(cache.layers[1].keys[..., : d // 2], k_pre[..., : d // 2], atol=1e-3)
@@ -221,4 +221,4 @@ def test_pre_rope_keys_refuse_models_with_another_rotary_layout(tiny):
     cache = SelectorCache(tiny, MethodSpec("fullkv", 64))
     cache.rotation.model_type = "gpt_neox"
     with pytest.raises(ConfigError, match="RoPE layouts"):
-        cache.unrotate(torch.randn(1, 2, 3, 16), torch.arange(3)[None])
+        cache.rotation.unrotate(torch.randn(1, 2, 3, 16), torch.arange(3)[None])

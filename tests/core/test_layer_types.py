@@ -73,12 +73,12 @@ def test_gemma3_global_keys_invert_with_the_global_rotary_embedding():
         model(input_ids=ids, cache=cache, sparse_cache=cache)
     hook.remove()
     keys, positions = cache.layers[2].keys, torch.arange(64)[None]
-    pre = cache.unrotate(keys, positions, layer_idx=2)
+    pre = cache.rotation.unrotate(keys, positions, layer_idx=2)
     assert torch.allclose(pre, captured["pre"], atol=1e-5)  # [B, Hkv, L, d], before the rotation
-    assert torch.allclose(cache.rotate(pre, positions, layer_idx=2), keys, atol=1e-5)
-    assert not torch.allclose(cache.unrotate(keys, positions, layer_idx=0), pre, atol=1e-3)  # the local theta
+    assert torch.allclose(cache.rotation.rotate(pre, positions, layer_idx=2), keys, atol=1e-5)
+    assert not torch.allclose(cache.rotation.unrotate(keys, positions, layer_idx=0), pre, atol=1e-3)  # the local theta
     with pytest.raises(ConfigError, match="own RoPE"):
-        cache.unrotate(keys, positions)
+        cache.rotation.unrotate(keys, positions)
 
 
 def test_soft_capping_stops_with_one_line():
