@@ -2,9 +2,9 @@
 
 How the configurations are found (docs/kernels.md): every entry point of `locks.kernels` launches through
 `locks.kernels._common.launch`; inside `recording_launches()` the launches are recorded instead of run. This script
-calls the entry points the way their call sites do (the eager and static decode of `locks/core/attention.py`, the LOCKS
-and Quest selectors, `scripts/bench_decode.py` with its `--tune` variants, `scripts/bench_e2e.py` through the same
-selectors) on tensors of the "meta" device (1M-token shapes cost no memory), over
+calls the entry points the way their call sites do (the eager and static decode of `locks/core/attention.py`, the
+LOCKS, Quest and RocketKV selectors, `scripts/bench_decode.py` with its `--tune` variants, `scripts/bench_e2e.py`
+through the same selectors) on tensors of the "meta" device (1M-token shapes cost no memory), over
 
     dtypes bf16 / fp16 / fp32, head dims 64 / 128, GQA groups 1 2 3 4 7 8 16, page size 16, the models' shapes,
     contexts 4K (+ a length that is not a multiple of 16) / 128K / 256K / 1M, budgets 64 ... 2048, batch 1 / 4
@@ -94,7 +94,10 @@ def shapes():
 
 def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
     """Yields (site, params, thunk): thunk() calls the kernel entry points (K: locks.kernels, LK: locks.method.kernels,
-    QK: baselines.quest.kernels) on meta tensors."""
+    QK: baselines.quest.kernels; RK: baselines.rocketkv.kernels) on meta tensors."""
+    from baselines.rocketkv import kernels as RK
+    from baselines.rocketkv import rocket_params
+
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
     def meta(*shape, dtype):
@@ -195,6 +198,21 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
                 yield "quest.select_static pages", dict(lp, sets=sets), (
                     lambda B=B, H=H, sets=sets, pb=budget // PAGE, lt=lt: QK.quest_static_pages(
                         meta(B, H, sets, pb - 1, dtype=torch.int64), lt, PAGE, pb, count=sets > 1))
+
+        # baselines/rocketkv/selector.py select_static: the survivors' chunk update, their ranking keys and the token
+        # list (the decomposition of a traffic budget 2 * budget at this context; min/max in the keys' dtype)
+        rp = rocket_params(L, 2 * budget, 0, d)
+        cap, chunks = rp.T, -(-rp.T // rp.cs)
+        rmin, rmax = meta(B, H, chunks, d, dtype=dtype), meta(B, H, chunks, d, dtype=dtype)
+        index, rprm = meta(B, H, cap, dtype=torch.int64), meta(B, 4, dtype=torch.int64)
+        for lt, lp in lengths:
+            yield "rocketkv.select_static", lp, (lambda k=k, a=rmin, b=rmax, i=index, r=rprm, lt=lt: RK.rocket_append(
+                k, a, b, i, r, lt))
+            yield "rocketkv.select_static scores", lp, (lambda q=q, a=rmin, b=rmax, r=rprm, lt=lt, cap=cap:
+                                                        RK.rocket_token_scores(q, a, b, r, lt, cap))
+            yield "rocketkv.select_static tokens", lp, (
+                lambda B=B, H=H, i=index, r=rprm, lt=lt, kk=min(budget, cap), L=L: RK.rocket_static_tokens(
+                    meta(B, H, kk, dtype=torch.int64), i, r, lt, L))
 
         # locks/core/host_rows.py gather_missed_rows, the static steps of the offloading methods: ShadowKV's value
         # chunks (8 tokens of d values, budget // 8 chunks) and LRQK's cold [K|V] rows (2d values, G * top_k rows)

@@ -160,10 +160,14 @@ ROW_COUNTERS = ("static_attended", "static_bytes", "static_coverage")
 
 def _stacked(values: list):
     """The rows' values of one state attribute stacked along the batch axis: tensors concatenated (zero-padded where
-    a row's buffer is shorter: preallocated slots a static step masks), dataclasses field by field."""
+    a row's buffer is shorter: preallocated slots a static step masks), dataclasses field by field, and a host integer
+    (a width that sizes the step's shapes, e.g. a top-k) as the rows' largest (each row masks past its own, which
+    its row state names)."""
     first = values[0]
     if first is None:
         return None
+    if isinstance(first, int):
+        return max(values)
     if isinstance(first, Tensor):
         shape = [max(v.shape[i] for v in values) for i in range(first.dim())]
         out = first.new_zeros(sum(v.shape[0] for v in values), *shape[1:])
@@ -211,7 +215,7 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
             value = _stacked([getattr(layer.selector, name, None) for layer in row_layers])
             setattr(selector, name, value)
             for r, layer in enumerate(row_layers):
-                if hasattr(layer.selector, name):
+                if hasattr(layer.selector, name) and not isinstance(value, int):  # a row keeps its own width
                     setattr(layer.selector, name, _row_view(value, r))
         layer = SelectorLayer(selector)
         layer.device = row_layers[0].device

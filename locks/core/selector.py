@@ -174,8 +174,9 @@ class Selector(ABC):
     bounds: ClassVar[str] = ""
     diagnostic_names: ClassVar[tuple[str, ...]] = ()  # the names its Selection.diagnostics report
     # The attributes holding its static-decode device state with a leading batch axis (tensors, or dataclasses of
-    # tensors), which the core stacks when rows of different lengths decode in one step; everything else must be
-    # host state or the same for every row. None: its rows cannot be stacked (each row then steps on its own).
+    # tensors), which the core stacks when rows of different lengths decode in one step, and the host integers that
+    # size a step's shapes (stacked: the rows' largest); everything else must be host state or the same for every
+    # row. None: its rows cannot be stacked (each row then steps on its own).
     row_state: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair"):

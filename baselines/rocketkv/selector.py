@@ -11,7 +11,8 @@ One traffic budget B drives both stages. `rocket_params` splits the compression 
   evicted): per-chunk (cs tokens) element-wise min/max keys, kept incrementally; the r_ch channels with the largest
   sum_g |Q_{g,i}|; sign-selected bound s_{g,c} = sum_{i in I} Q_{g,i} (sigma_i > 0 ? Max_{c,i} : Min_{c,i}) with
   sigma_i = sign(sum_g Q_{g,i}); softmax over the survivors of s / tau_g, tau_g = sqrt(d sum_I |Q_g| / sum |Q_g|);
-  sum over the group; exact top-k tokens, shared by the group (Gs = 1), attended with the full softmax.
+  sum over the group; exact top-k tokens, shared by the group (Gs = 1), attended with the full softmax. One rule for
+  eager and static steps (`survivor_scores`); the static step's fused kernels are in kernels.py.
 
 Budget semantics:
   paper: `budget` is the paper's memory-traffic budget B (K+V of B dense tokens): k = B // 2 tokens are attended and
@@ -34,7 +35,9 @@ Deviations from the official code (NVlabs/RocketKV @ 63637c8):
   off-by-one at LAST_PREFILL is not reproduced; `params=gpt_fast` changes only the decomposition.
 - When k >= T' every survivor is attended without the approximation pass (the official code scores and then selects
   all of them anyway); that step reports no metadata bytes.
-- Batch rows share the decomposition (equal prompt lengths) but each row has its own stage-1 and stage-2 sets.
+- Each row of a batch has its own decomposition (its own S), stage-1 set and stage-2 sets, as at batch 1.
+- Stage-2 ties (every token of a chunk shares its score) go to the earlier survivor (`survivor_scores`); the official
+  torch.topk leaves them to its implementation. The chunk channels are ranked with ties to the lower channel.
 - Not implemented: the multi-turn `rocket_mt` variant and skip_layers. The official function default is 0 (every
   layer sparse), which is what runs here; its LongChat and Llama-2 configs set `skip_layers: 2` (the first two layers
   dense), so numbers for those models are not comparable with the official ones.
@@ -124,24 +127,47 @@ def snapkv_scores(queries: Tensor, keys: Tensor, window: int, pool_kernel: int, 
     return F.max_pool1d(out, kernel_size=pool_kernel, stride=1, padding=pool_kernel // 2)
 
 
-def approx_scores(q: Tensor, kmin: Tensor, kmax: Tensor, r_ch: int) -> tuple[Tensor, Tensor]:
+def approx_scores(q: Tensor, kmin: Tensor, kmax: Tensor, r_ch: int | Tensor) -> tuple[Tensor, Tensor]:
     """Stage-2 chunk scores before the temperature: q [B, Hkv, G, d], kmin/kmax [B, Hkv, C, d] (fp32).
 
-    Returns (s_hat [B, Hkv, G, C], tau [B, Hkv, G, 1]) with I = top-r_ch of sum_g |q_{g,i}|, sigma = sign(sum_g q),
-    s_hat_{g,c} = sum_{i in I} q_{g,i} (sigma_i > 0 ? kmax_{c,i} : kmin_{c,i}), tau_g = sqrt(d sum_I |q_g| / sum |q_g|).
+    Returns (s_hat [B, Hkv, G, C], tau [B, Hkv, G, 1]) with I = top-r_ch of a_i = sum_g |q_{g,i}| (ties to the lower
+    channel), sigma = sign(sum_g q), s_hat_{g,c} = sum_{i in I} q_{g,i} (sigma_i > 0 ? kmax_{c,i} : kmin_{c,i}),
+    tau_g = sqrt(d sum_I |q_g| / sum |q_g|). `r_ch` may be a tensor [B or 1, 1, 1] (stacked rows: row b's own).
     """
     d = q.shape[-1]
     absq = q.abs()
-    chan = absq.sum(dim=2).topk(r_ch, dim=-1).indices  # [B, Hkv, r]
-    positive = q.sum(dim=2).gather(-1, chan) > 0  # sum 0 -> min (as both official paths)
-    C = kmin.shape[2]
-    idx = chan[:, :, None, :].expand(-1, -1, C, -1)
-    bound = torch.where(positive[:, :, None, :], kmax.gather(-1, idx), kmin.gather(-1, idx))  # [B, Hkv, C, r]
-    q_sel = q.gather(-1, chan[:, :, None, :].expand(-1, -1, q.shape[2], -1))  # [B, Hkv, G, r]
-    s_hat = torch.einsum("bhgr,bhcr->bhgc", q_sel, bound)
+    a = absq.sum(dim=2)  # [B, Hkv, d]
+    channel = torch.arange(d, device=q.device)
+    ahead = (a.unsqueeze(-2) > a.unsqueeze(-1)) | ((a.unsqueeze(-2) == a.unsqueeze(-1)) & (channel < channel[:, None]))
+    chosen = ahead.sum(-1) < r_ch  # rank_i = #{j ahead of i}
+    q_sel = q.masked_fill(~chosen.unsqueeze(2), 0.0)
+    bound = torch.where((q.sum(dim=2) > 0).unsqueeze(2), kmax, kmin)  # sum 0 -> min (as both official paths)
+    s_hat = torch.einsum("bhgd,bhcd->bhgc", q_sel, bound)
     tiny = torch.finfo(torch.float32).tiny  # an all-zero query would give 0/0 (the official code returns NaN)
     tau = torch.sqrt(d * q_sel.abs().sum(-1, keepdim=True) / absq.sum(-1, keepdim=True).clamp_min(tiny)).clamp_min(tiny)
     return s_hat, tau
+
+
+def survivor_scores(q: Tensor, kmin: Tensor, kmax: Tensor, r_ch, cs, n, capacity: int) -> Tensor:
+    """Ranking keys [B, Hkv, capacity] (int64) of the T' = n survivors: q [B, Hkv, G, d], kmin/kmax [B, Hkv, C, d];
+    r_ch, cs, n ints or [B or 1, 1, 1] tensors (stacked rows).
+
+    score_t = sum_g softmax_t(s_hat_{g, c(t)} / tau_g) over the survivors, c(t) = t // cs: a chunk's live tokens
+    share its score, so the softmax is taken per chunk with n_c = its live tokens,
+        score_t = sum_g exp(x_{g,c} - m_g) / Z_g,  Z_g = sum_c n_c exp(x_{g,c} - m_g)   (float64, then fp32),
+    and key_t = (fp32 bits of score_t) * 2^31 + (2^31 - 1 - t): larger score first, ties to the earlier survivor
+    (every token of a chunk ties; the official torch.topk leaves them to its implementation). -1 - t past T'."""
+    s_hat, tau = approx_scores(q, kmin.float(), kmax.float(), r_ch)
+    chunk = torch.arange(kmin.shape[2], device=q.device)
+    live = (n - chunk * cs).clamp_min(0).clamp_max(cs).unsqueeze(-2)  # [B or 1, 1, 1, C] (or [1, C])
+    x = (s_hat / tau).masked_fill(live == 0, float("-inf")).double()
+    p = torch.exp(x - x.amax(-1, keepdim=True))
+    w = (p / (p * live).sum(-1, keepdim=True)).sum(2).float()  # [B, Hkv, C]
+    token = torch.arange(capacity, device=q.device)
+    c = torch.div(token, cs, rounding_mode="floor").clamp_max(w.shape[-1] - 1)  # stacked rows: past T' masked below
+    score = w.gather(-1, c.expand(*w.shape[:2], capacity))
+    key = (score.view(torch.int32).long() << 31) + (2**31 - 1 - token)
+    return torch.where(token < n, key, -1 - token)
 
 
 @register
@@ -256,14 +282,10 @@ class RocketKVSelector(Selector):
             return Selection.all_tokens()
         B, Hq, d = query.shape
         Hkv = keys.shape[1]
-        G = Hq // Hkv
         chunks = -(-n // p.cs)
-        q = query.float().view(B, Hkv, G, d)
-        s_hat, tau = approx_scores(q, self.kmin[:, :, :chunks].float(), self.kmax[:, :, :chunks].float(), p.r_ch)
-        s_tok = s_hat.repeat_interleave(p.cs, dim=-1)[..., :n]  # every token of a chunk gets the chunk's score
-        agg = torch.softmax(s_tok / tau, dim=-1).sum(dim=2)  # [B, Hkv, T']
-        top = agg.topk(k, dim=-1).indices
-        idx = self.index[:, :, :n].gather(-1, top).sort(dim=-1).values
+        key = survivor_scores(query.float().view(B, Hkv, Hq // Hkv, d), self.kmin[:, :, :chunks],
+                              self.kmax[:, :, :chunks], p.r_ch, p.cs, n, n)
+        idx = self.index[:, :, :n].gather(-1, key.topk(k, dim=-1).indices).sort(dim=-1).values
         return Selection(indices=idx.unsqueeze(2), valid=torch.ones(B, Hkv, 1, k, dtype=torch.bool, device=idx.device),
                          forced_tokens=0.0, metadata_bytes=self._metadata_bytes(n))
 
@@ -279,58 +301,78 @@ class RocketKVSelector(Selector):
         return float(info.num_kv_heads * (info.kv_element_bytes * p.r_ch * -(-n // p.cs) + 4 * info.group_size * n))
 
     # ----- static decode: the survivors' order, chunks and top-k in fixed shapes, T' only on the device ------------
+    # Each row's decomposition is device state (static_params: cs, r_ch, prompt - survivors, k), so rows of different
+    # lengths, whose cs, r_ch and T' differ, stack in one step; the top-k width is the rows' largest.
+
+    row_state = ("index", "kmin", "kmax", "static_params", "static_k")
 
     def static_decode_error(self):
         return None
 
     def start_static(self, capacity):
-        """Room for every token up to `capacity` in the compacted order and its chunks; unwritten entries are
-        finite (their scores are masked)."""
+        """Room for every token up to `capacity` in the compacted order and its chunks, exactly (unwritten entries
+        are finite, their scores masked), and the row's decomposition on the device."""
+        p = self.params
         cap = self._survivors(capacity)
-        while self.index.shape[-1] < cap:
-            self._grow()
-        cs = self.params.cs
-        self.index[:, :, self.n :] = 0
-        chunks = -(-self.n // cs)
-        self.kmin[:, :, chunks:] = 0
-        self.kmax[:, :, chunks:] = 0
-        self.static_capacity = cap
-
-    def _static_append(self, keys: Tensor, length: Tensor) -> Tensor:
-        """Fold the token at slot length - 1 into the compacted order at T' - 1 and its chunk's min/max on the
-        device (a new chunk starts from it). -> T' [1] (survivors + decode tokens, the new one included)."""
-        position = length.reshape(1) - 1
-        n = position + 1 - (self.prompt_len - self.kept)
-        slot = n - 1
-        cs = self.params.cs
-        chunk = torch.div(slot, cs, rounding_mode="floor")
-        fold_into_page(self.kmax, self.kmin, keys.index_select(2, position), chunk, opens=slot % cs == 0)
-        self.index.index_copy_(2, slot, position.view(1, 1, 1).expand(*self.index.shape[:2], 1))
-        return n
+        chunks = -(-self.n // p.cs)
+        index = self.index.new_zeros(*self.index.shape[:2], cap)
+        index[:, :, : self.n] = self.index[:, :, : self.n]
+        self.index = index
+        self.kmin, self.kmax = (torch.cat([buf[:, :, :chunks], buf.new_zeros(*buf.shape[:2], -(-cap // p.cs) - chunks,
+                                                                              buf.shape[3])], 2)
+                                for buf in (self.kmin, self.kmax))
+        self.static_k = self._top_k(cap)
+        self.static_params = torch.tensor([[p.cs, p.r_ch, self.prompt_len - self.kept, self.static_k]],
+                                          device=index.device).repeat(index.shape[0], 1)  # [B, 4]: one per sequence
 
     def select_static(self, query, keys, values, length):
         """The eager step at T' = `length` - (prompt - survivors) over the preallocated order: the approximation
         over every chunk with the entries at or past T' masked, then the exact top min(k, T') of the survivors
-        (k fixed; while T' <= k every survivor, as the eager dense step over `alive`)."""
-        p = self.params
-        n = self._static_append(keys, length)
+        (k fixed; while T' <= k every survivor, as the eager dense step over `alive`). Cache slots ascending, the
+        invalid ones last."""
+        if self.info.backend == "triton":
+            return self._select_static_fused(query, keys, length)
+        cs, r_ch, evicted, k = (x.view(-1, 1, 1) for x in self.static_params.unbind(-1))  # [1 or B, 1, 1] each
+        n = self._static_append(keys, length, cs, evicted)
         B, Hq, d = query.shape
         Hkv = keys.shape[1]
-        cap = self.static_capacity
-        k = self._top_k(cap)
-        chunks = -(-cap // p.cs)
-        s_hat, tau = approx_scores(query.float().view(B, Hkv, Hq // Hkv, d), self.kmin[:, :, :chunks].float(),
-                                   self.kmax[:, :, :chunks].float(), p.r_ch)
-        live = torch.arange(cap, device=keys.device) < n
-        s_tok = s_hat.repeat_interleave(p.cs, dim=-1)[..., :cap].masked_fill(~live, float("-inf"))
-        agg = torch.softmax(s_tok / tau, dim=-1).sum(dim=2).masked_fill(~live, float("-inf"))
-        top = agg.topk(k, dim=-1).indices.sort(dim=-1).values  # positions < T' first (they are finite)
-        valid = top < n
-        idx = self.index[:, :, :cap].gather(-1, top)
-        idx = torch.where(valid, idx, idx.new_full((), keys.shape[2])).sort(dim=-1).values  # invalid last
-        valid = valid.sort(dim=-1, descending=True).values
+        key = survivor_scores(query.float().view(B, Hkv, Hq // Hkv, d), self.kmin, self.kmax, r_ch, cs, n,
+                              self.index.shape[-1])
+        top = key.topk(self.static_k, dim=-1).indices  # positions < T' first
+        valid = (top < n) & (torch.arange(self.static_k, device=keys.device) < k)
+        idx = torch.where(valid, self.index.gather(-1, top), keys.shape[2]).sort(dim=-1).values  # invalid last
+        valid = idx < keys.shape[2]
         return Selection(indices=idx.masked_fill(~valid, 0).unsqueeze(2), valid=valid.unsqueeze(2),
                          attended_on_host=True)
+
+    def _static_append(self, keys: Tensor, length: Tensor, cs: Tensor, evicted: Tensor) -> Tensor:
+        """Fold the token at slot length - 1 into the compacted order at T' - 1 and its chunk's min/max on the
+        device (a new chunk starts from it). -> T' [1 or B, 1, 1] (survivors + decode tokens, the new one
+        included)."""
+        position = length.reshape(-1) - 1  # [1], or [B]: each row's own slot (stacked rows)
+        n = position + 1 - evicted.view(-1)
+        slot = n - 1
+        chunk = torch.div(slot, cs.view(-1), rounding_mode="floor")
+        opens = slot % cs.view(-1) == 0
+        if position.numel() == 1:
+            fold_into_page(self.kmax, self.kmin, keys.index_select(2, position), chunk, opens=opens)
+            self.index.index_copy_(2, slot, position.view(1, 1, 1).expand(*self.index.shape[:2], 1))
+        else:
+            rows = torch.arange(keys.shape[0], device=keys.device)
+            fold_into_page(self.kmax, self.kmin, keys[rows, :, position].unsqueeze(2), chunk, opens=opens)
+            self.index[rows, :, slot] = position.view(-1, 1)
+        return n.view(-1, 1, 1)
+
+    def _select_static_fused(self, query, keys, length):
+        """`select_static` in four launches (baselines/rocketkv/kernels.py): the chunk update, every survivor's
+        aggregated score, torch.topk, and the token list."""
+        from baselines.rocketkv.kernels import rocket_append, rocket_static_tokens, rocket_token_scores
+
+        rocket_append(keys, self.kmin, self.kmax, self.index, self.static_params, length)
+        key = rocket_token_scores(query, self.kmin, self.kmax, self.static_params, length, self.index.shape[-1])
+        top = torch.topk(key, self.static_k, dim=-1).indices
+        indices, valid = rocket_static_tokens(top, self.index, self.static_params, length, keys.shape[2])
+        return Selection(indices=indices, valid=valid, attended_on_host=True)
 
     def _survivors(self, length: int) -> int:
         """T' at `length` cached tokens: the prompt's survivors and every decode token."""
