@@ -350,10 +350,12 @@ class RocketKVSelector(Selector):
         device (a new chunk starts from it). -> T' [1 or B, 1, 1] (survivors + decode tokens, the new one
         included)."""
         position = length.reshape(-1) - 1  # [1], or [B]: each row's own slot (stacked rows)
-        n = position + 1 - evicted.view(-1)
+        rows = position.numel()  # one length: the sequences share one decomposition
+        evicted, cs = evicted.view(-1)[:rows], cs.view(-1)[:rows]
+        n = position + 1 - evicted
         slot = n - 1
-        chunk = torch.div(slot, cs.view(-1), rounding_mode="floor")
-        opens = slot % cs.view(-1) == 0
+        chunk = torch.div(slot, cs, rounding_mode="floor")
+        opens = slot % cs == 0
         if position.numel() == 1:
             fold_into_page(self.kmax, self.kmin, keys.index_select(2, position), chunk, opens=opens)
             self.index.index_copy_(2, slot, position.view(1, 1, 1).expand(*self.index.shape[:2], 1))
