@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,17 @@ def recorded_run(version: str) -> dict | None:
     return run
 
 
+def jit_kernels_in_sources() -> set[str]:
+    """The names of the `@triton.jit` kernels (`def _..._kernel`) in the repository's kernel modules, read from the
+    source text: the script finds them by import, so a kernel it misses, or a recorded run of an older kernel set,
+    shows up here."""
+    files = [*ROOT.glob("locks/kernels/*.py"), *ROOT.glob("*/**/kernels.py")]
+    found = set()
+    for f in files:
+        found |= set(re.findall(r"@triton\.jit[^\n]*\n(?:@[^\n]*\n)*def (_\w+_kernel)\(", f.read_text()))
+    return found
+
+
 def _compile(tmp_path, pythonpath=None):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # conftest sets it for the other tests
     if pythonpath:
@@ -48,7 +60,7 @@ def _check_run(run, version_prefix):
     assert run["triton"].startswith(version_prefix) and run["arch"] == 90 and not run["partial"]
     assert not run["kernels_not_launched"], run["kernels_not_launched"]
     rows = run["configurations"]
-    assert {r["kernel"] for r in rows} == set(run["kernels"]) and len(run["kernels"]) == 12
+    assert {r["kernel"] for r in rows} == set(run["kernels"]) == jit_kernels_in_sources()
     assert all(r["status"] == "compiled" and not r["violations"] for r in rows)
     # the constexpr branches the harness takes are all there
     cx = {}
