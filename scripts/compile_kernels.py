@@ -94,8 +94,9 @@ def shapes():
 
 def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
     """Yields (site, params, thunk): thunk() calls the kernel entry points (K: locks.kernels, LK: locks.method.kernels,
-    QK: baselines.quest.kernels; RK: baselines.rocketkv.kernels) on meta tensors."""
+    QK: baselines.quest.kernels; RK: baselines.rocketkv.kernels; SK: baselines.shadowkv.kernels) on meta tensors."""
     from baselines.rocketkv import kernels as RK
+    from baselines.shadowkv import kernels as SK
     from baselines.rocketkv import rocket_params
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -222,6 +223,32 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
                 meta(B, H, n, dtype=torch.bool)))
             yield "lrqk.select_static", p, (lambda B=B, H=H, d=d, m=G * (budget - 64), dtype=dtype: K.gather_rows(
                 meta(B, H, L, 2 * d, dtype=dtype), meta(B, H, m, dtype=torch.int64), meta(B, H, m, dtype=torch.bool)))
+
+        # baselines/shadowkv/selector.py select_static (backend triton): the landmark scores, then the compacted K/V
+        # of a step (default options: rank 160, chunks of 8, a 32-token window + 64 generated, fair mode's outlier
+        # chunks; offloading or not), and paper mode selecting every candidate without RoPE
+        if budget > 64:
+            C, r = 8, min(160, H * d, L)
+            O = min(48, budget // 1024 * 24)
+            nc, nt = L // C - 4 - O, (budget - C * O - 33) // C
+            sprm, f64 = meta(B, 6, dtype=torch.int64), torch.float64
+            yield "shadowkv.select_static scores", p, (lambda q=q, B=B, H=H, nc=nc, d=d, dtype=dtype, sprm=sprm:
+                                                       SK.shadow_scores(q, meta(B, H, nc, d, dtype=dtype), sprm,
+                                                                        128 ** -0.5))
+            variants = [(False, True, True, offload) for offload in (False, True)] + [(True, False, False, True)]
+            for (lt, lp), (paper, ranked, rope, offload) in itertools.product(lengths, variants):
+                yield "shadowkv.select_static gather", dict(lp, paper=paper, ranked=ranked, rope=rope,
+                                                            offload=offload), (
+                    lambda k=k, v=v, B=B, H=H, d=d, L=L, O=O, r=r, nc=nc, nt=nt, dtype=dtype, sprm=sprm, lt=lt,
+                    paper=paper, ranked=ranked, rope=rope, offload=offload, budget=budget: SK.shadow_gather(
+                        k, v, meta(B, H, nt, dtype=torch.int64) if ranked else None, meta(B, H, nc, dtype=torch.int64),
+                        meta(B, H, C * O, dtype=torch.int64), meta(B, L, r, dtype=dtype),
+                        meta(B, H, r, d, dtype=dtype), meta(B, H, r, d, dtype=dtype) if rope else None,
+                        meta(B, L, d, dtype=dtype) if rope else None, meta(B, L, d, dtype=dtype) if rope else None,
+                        meta(B, 2, H, nt, dtype=torch.int64), meta(B, 2, H, nt, C * d, dtype=dtype) if offload else None,
+                        meta(B, H, L // C, C * d, dtype=dtype) if offload else None, sprm, lt,
+                        slots=C * O + C * nt + budget, chunk_size=C, budget=budget, paper=paper, elem_bytes=2,
+                        step_bytes=meta(B, 3, dtype=f64), hit_sum=meta(B, dtype=f64)))
 
         # the rest of the public API (every constexpr branch): per-head LOCKS scores, the one-pass log Z variant,
         # Quest's group reductions

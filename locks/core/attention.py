@@ -97,7 +97,7 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
             keys=k, values=v, queries=queries, positions=positions,
             pre_rope_keys=lambda: cache.rotation.unrotate(k, positions, layer_idx),
             max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
-            rotate=functools.partial(cache.rotation.rotate, layer_idx=layer_idx),
+            rotate=functools.partial(cache.rotation.rotate, layer_idx=layer_idx), rotation=cache.rotation,
         )
         selector.prefill(ctx)
         return out, None
@@ -193,6 +193,10 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: flo
     kernels of locks/kernels/ with backend "triton", the PyTorch reference otherwise and whenever the selection
     brings its own keys/values (reconstructed keys, offloaded values). Page lists are truncated at `length` (the
     device length of a static step; default: the whole cache)."""
+    if sel.key_count is not None and backend == "triton":  # compacted keys/values: each row's first key_count
+        from locks.kernels import full_decode
+
+        return full_decode(q, sel.keys[:, :, 0], sel.values[:, :, 0], scaling, length=sel.key_count)
     if sel.keys is not None or sel.values is not None or backend != "triton":
         if sel.pages is not None:
             length = keys.new_full((1,), keys.shape[2], dtype=torch.long) if length is None else length

@@ -170,7 +170,8 @@ def _stacked(values: list):
         return max(values)
     if isinstance(first, Tensor):
         shape = [max(v.shape[i] for v in values) for i in range(first.dim())]
-        out = first.new_zeros(sum(v.shape[0] for v in values), *shape[1:])
+        out = torch.zeros(sum(v.shape[0] for v in values), *shape[1:], dtype=first.dtype, device=first.device,
+                          pin_memory=first.device.type == "cpu" and first.is_pinned())  # a host store stays pinned
         start = 0
         for v in values:
             out[(slice(start, start + v.shape[0]), *(slice(0, n) for n in v.shape[1:]))] = v
@@ -207,12 +208,16 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
     for name in ROW_COUNTERS:
         setattr(stacked, name, torch.cat([getattr(row, name) for row in rows], dim=1))
     stacked.static_diagnostics = [torch.cat(c) for c in zip(*(row.static_diagnostics for row in rows))]
-    layers = []
+    layers, shared = [], {}
     for i in range(len(rows[0].layers)):
         row_layers = [row.layers[i] for row in rows]
         selector = copy.copy(row_layers[0].selector)
         for name in selector.row_state:
-            value = _stacked([getattr(layer.selector, name, None) for layer in row_layers])
+            parts = [getattr(layer.selector, name, None) for layer in row_layers]
+            key = tuple(id(v) for v in parts)  # state the rows' layers share (ShadowKV's RoPE tables) stays shared
+            if key not in shared or not isinstance(parts[0], Tensor):
+                shared[key] = (_stacked(parts), parts)  # (the parts are kept so that their ids stay theirs)
+            value = shared[key][0]
             setattr(selector, name, value)
             for r, layer in enumerate(row_layers):
                 if hasattr(layer.selector, name) and not isinstance(value, int):  # a row keeps its own width

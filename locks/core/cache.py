@@ -489,6 +489,31 @@ class KeyRotation:
         half = k.shape[-1] // 2
         return k, torch.cat((-k[..., half:], k[..., :half]), dim=-1), cos, sin, k[..., :0]
 
+    def quarter_turn(self, x: Tensor, layer_idx: int | None = None) -> Tensor:
+        """rot(x) over the last dim in x's dtype (exact: a permutation and sign of the rotated channels), 0 on the
+        channels RoPE passes through, so that rotate(k) = k*cos + rot(k)*sin on every channel with `tables`."""
+        flat = x.reshape(1, 1, -1, x.shape[-1])
+        _, rotated, _, _, rest = self._rope_terms(flat, torch.zeros(1, flat.shape[2], dtype=torch.long,
+                                                                    device=x.device), layer_idx)
+        return torch.cat([rotated, torch.zeros_like(rest)], dim=-1).to(x.dtype).view(x.shape)
+
+    def tables(self, positions: Tensor, layer_idx: int | None, like: Tensor) -> tuple[Tensor, Tensor]:
+        """(cos, sin) [B, n, d] in like's dtype (the values the rotation multiplies by, exactly) at positions [B, n],
+        1 and 0 on the channels RoPE passes through. Kept for the last positions and layer type asked: every
+        layer of one rotary embedding shares them."""
+        kind = None if self.layer_types is None else self.layer_types[layer_idx]
+        memo = getattr(self, "_tables", None)
+        if (memo is not None and memo[0] == (kind, like.dtype, like.device) and memo[1].shape == positions.shape
+                and torch.equal(memo[1], positions)):
+            return memo[2]
+        probe = like.new_zeros(positions.shape[0], 1, positions.shape[1], like.shape[-1])
+        _, _, cos, sin, rest = self._rope_terms(probe, positions, layer_idx)
+        one, zero = torch.ones_like(rest), torch.zeros_like(rest)
+        out = (torch.cat([cos, one], -1)[:, 0].to(like.dtype).contiguous(),
+               torch.cat([sin, zero], -1)[:, 0].to(like.dtype).contiguous())
+        self._tables = ((kind, like.dtype, like.device), positions.clone(), out)
+        return out
+
     def rotate(self, keys: Tensor, positions: Tensor, layer_idx: int | None = None) -> Tensor:
         """Post-RoPE keys from pre-RoPE keys: k' = k*cos + rot(k)*sin on the rotary channels."""
         k, rotated, cos, sin, rest = self._rope_terms(keys, positions, layer_idx)

@@ -167,5 +167,6 @@ def replay_prefill(cache: SelectorCache, capture: PrefillCapture) -> Tensor:
             keys=k, values=v, queries=queries, positions=positions,
             pre_rope_keys=lambda k=k, positions=positions, i=i: cache.rotation.unrotate(k, positions, i),
             max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
-            rotate=functools.partial(cache.rotation.rotate, layer_idx=i), memo=captured.memo))
+            rotate=functools.partial(cache.rotation.rotate, layer_idx=i), rotation=cache.rotation,
+            memo=captured.memo))
     return capture.logits

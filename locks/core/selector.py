@@ -81,6 +81,9 @@ class PrefillContext:
     max_new_tokens: int | None = None  # the generation's token limit for this sample (RocketKV sizes its stages by it)
     max_length: int | None = None  # the model's maximum context (max_position_embeddings)
     rotate: Callable[[Tensor, Tensor], Tensor] | None = None  # (pre-RoPE keys [B, Hkv, n, d], positions [B, n]) -> post-RoPE
+    # the cache's KeyRotation (locks/core/cache.py: rotate, quarter_turn, tables), for a selector that rotates keys
+    # inside a kernel (ShadowKV's fused static step); None where `rotate` is None
+    rotation: Any = None
     # The runs of a group that prefill once (locks/core/prefill.py) share one memo per sample and layer; None: a run
     # of its own, nothing is kept.
     memo: dict | None = None
@@ -138,6 +141,9 @@ class Selection:
     # Static decode only: [B, Hkv] fp64, the distinct tokens each KV head reads this step, counted by the selector's
     # own kernel (Quest's per-head page sets); None: the step counts them from the page or token list
     attended_rows: Tensor | None = None
+    # Static decode only, with `keys` and `values` compacted ([B, Hkv, 1, S, d]): [B] int32, row b attends its first
+    # key_count[b] slots (the fused path reads them in order, with no index list; ShadowKV)
+    key_count: Tensor | None = None
 
     @staticmethod
     def all_tokens() -> "Selection":

@@ -192,7 +192,7 @@ def test_the_static_step_decodes_a_batch_as_each_row_alone(tiny, name, monkeypat
         assert_same_record(cache, row.cache, where, fp32=("coverage", "diagnostics") if stacked else ())
 
 
-@pytest.mark.parametrize("name", ["fullkv", "locks", "quest", "rocketkv"])
+@pytest.mark.parametrize("name", ["fullkv", "locks", "quest", "rocketkv", "shadowkv"])
 def test_stacked_rows_through_the_fused_kernels_decode_as_each_row_alone(tiny, name, monkeypatch):
     """backend=triton (the interpreter): the stacked static step's kernels read each row's own length ([B]) and
     write each row's counters; tokens, logits and records are each row's static decode alone (float32 model: the

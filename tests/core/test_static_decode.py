@@ -115,7 +115,7 @@ def test_methods_without_a_static_path_say_why(tiny, name, options):
         generate(tiny, cache, prompt(), 2, static_decode=True)
 
 
-@pytest.mark.parametrize("method", ["locks", "quest", "rocketkv"])
+@pytest.mark.parametrize("method", ["locks", "quest", "rocketkv", "shadowkv"])
 def test_static_decode_triton_matches_torch(tiny, method):
     """The fused kernels in the static step (interpreter on CPU) select and attend as the reference does, and
     measure the same coverage and certificate (locks/kernels/coverage.py against the reference ops)."""

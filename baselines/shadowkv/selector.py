@@ -140,7 +140,7 @@ class ShadowKVSelector(Selector):
         C = self.chunk_size
         self.prompt_len, self.device, self.dtype = Lp, keys.device, keys.dtype
         self.positions = ctx.positions.expand(B, Lp)
-        self.rotate = ctx.rotate
+        self.rotate, self.rotation = ctx.rotate, ctx.rotation
 
         chunks, self.window, self.outliers = self._layout(Lp)
         self.num_chunks = chunks
@@ -165,6 +165,7 @@ class ShadowKVSelector(Selector):
         is_outlier.scatter_(2, outl, True)
         # candidates in ascending chunk order (stable sort keeps the order among non-outliers)
         self.candidates = torch.argsort(is_outlier.to(torch.int8), dim=-1, stable=True)[..., : chunks - O]
+        self.num_candidates = chunks - O  # (host: a stacked row's candidates are padded to the rows' most)
         self.outlier_chunks = outl
         self.landmarks = take_rows(means, self.candidates).to(self.dtype)  # [B, H, chunks - O, d] (k_landmark)
         self.outlier_tokens = self._tokens(outl)
@@ -219,7 +220,7 @@ class ShadowKVSelector(Selector):
 
     def _plan(self, generated: int) -> tuple[int, int]:
         """-> (first token of the exact local+generated tail, n_sel) for a step with `generated` tokens after Lp."""
-        return self._plan_for(self.prompt_len, self.window, self.outliers, self.candidates.shape[-1], generated)
+        return self._plan_for(self.prompt_len, self.window, self.outliers, self.num_candidates, generated)
 
     def _plan_for(self, prompt_len: int, W: int, outliers: int, ncand: int, generated: int) -> tuple[int, int]:
         """`_plan` of a prompt of `prompt_len` tokens with local window W, `outliers` outlier chunks and `ncand`
@@ -233,18 +234,26 @@ class ShadowKVSelector(Selector):
             return prompt_len + generated - room, 0
         return start, min((room - W - generated) // C, ncand)
 
-    def _ranked(self, query: Tensor, n: int) -> Tensor:
-        """-> [B, Hkv, n] chunk ids of the n best-scored candidates, best first (through k_landmark_idx)."""
+    def _scores(self, query: Tensor, ncand: Tensor | None = None) -> Tensor:
+        """[B, Hkv, NC] fp32 landmark scores: a softmax over the candidates per query head, the max over the group;
+        with `ncand` ([B], stacked rows) -inf past each row's candidates (the softmax over its own)."""
         B, Hq, d = query.shape
-        H = self.candidates.shape[1]
+        H, NC = self.candidates.shape[1:]
         q = query.view(B, H, Hq // H, d).float()
         logits = torch.einsum("bhgd,bhcd->bhgc", q, self.landmarks.float()) * self.scale
-        score = torch.softmax(logits, dim=-1).amax(dim=2)  # softmax per query head, max over the group
-        return torch.gather(self.candidates, 2, torch.topk(score, n, dim=-1).indices)
+        if ncand is None:
+            return torch.softmax(logits, dim=-1).amax(dim=2)  # softmax per query head, max over the group
+        live = torch.arange(NC, device=q.device) < ncand.view(-1, 1, 1, 1)
+        score = torch.softmax(logits.masked_fill(~live, float("-inf")), dim=-1).amax(dim=2)
+        return score.masked_fill(~live[:, :, 0], float("-inf"))
+
+    def _ranked(self, query: Tensor, n: int) -> Tensor:
+        """-> [B, Hkv, n] chunk ids of the n best-scored candidates, best first (through k_landmark_idx)."""
+        return torch.gather(self.candidates, 2, torch.topk(self._scores(query), n, dim=-1).indices)
 
     def _choose(self, query: Tensor, n_sel: int) -> Tensor:
         """-> [B, Hkv, n_sel] selected chunk ids, ascending."""
-        if n_sel >= self.candidates.shape[-1]:
+        if n_sel >= self.num_candidates:
             return self.candidates
         return self._ranked(query, n_sel).sort(dim=-1).values
 
@@ -252,35 +261,35 @@ class ShadowKVSelector(Selector):
         """(first tail token, n_sel, forced tokens, landmark metadata bytes) of the step at `length` tokens: what
         does not depend on the hits."""
         info, C = self.info, self.chunk_size
-        ncand = self.candidates.shape[-1]
+        ncand = self.num_candidates
         start, n_sel = self._plan(length - self.prompt_len)
         landmarks = 0.0
         if 0 < n_sel < ncand:  # landmark read + scores, only when top-k scoring runs
             landmarks = float(info.num_kv_heads * (info.kv_element_bytes * info.head_dim + 4 * info.group_size) * ncand)
         return start, n_sel, (length - start) + C * self.outliers, landmarks
 
-    def _rebuild_bytes(self, rebuilt: Tensor) -> Tensor:
-        """[3] float64 (metadata, K/V, host-to-device) bytes of rebuilding `rebuilt` [B, Hkv] tokens per head (and,
-        offloading, fetching their values), batch mean: U rows + S V_h per rebuilding head, the rebuilt keys'
-        write, the values over PCIe."""
-        s, d, r = self.info.kv_element_bytes, self.info.head_dim, self.r
+    def _rebuild_bytes(self, rebuilt: Tensor, rank) -> Tensor:
+        """[B, 3] float64 (metadata, K/V, host-to-device) bytes of rebuilding `rebuilt` [B, Hkv] tokens per head (and,
+        offloading, fetching their values) at effective rank `rank` (an int, or [B]): U rows + S V_h per rebuilding
+        head, the rebuilt keys' write, the values over PCIe."""
+        s, d = self.info.kv_element_bytes, self.info.head_dim
         rebuilt = rebuilt.to(torch.float64)
         total = rebuilt.sum(-1)  # [B] summed over KV heads
         heads = (rebuilt > 0).sum(-1).to(torch.float64)
-        keys = (s * d * total).mean()
-        return torch.stack([(s * r * total + s * d * r * heads).mean(), keys,
-                            keys if self.offload_values else torch.zeros_like(keys)])
+        keys = s * d * total
+        return torch.stack([s * rank * total + s * d * rank * heads, keys,
+                            keys if self.offload_values else torch.zeros_like(keys)], dim=-1)
 
     def _reconstruct(self, chunk_ids: Tensor) -> Tensor:
         """[B, H, m] chunk ids -> post-RoPE keys [B, H, m, C, d]:  RoPE(U[p] (S V_h), pos(p))."""
         B, H, m = chunk_ids.shape
-        C, d, r = self.chunk_size, self.SV.shape[-1], self.r
+        C, d, r = self.chunk_size, self.SV.shape[-1], self.U.shape[-1]  # (stacked rows: the largest rank, zero-padded)
         tok = self._tokens(chunk_ids)  # [B, H, m*C]
         u = take_rows(self.U.unsqueeze(1), tok.view(B, 1, H * m * C)).view(B, H, m * C, r)  # U rows [B, H, m*C, r]
         pre = torch.matmul(u.float(), self.SV.float()).to(self.dtype)  # [B, H, m*C, d]
         if self.rotate is None:
             return pre.view(B, H, m, C, d)
-        pos = torch.gather(self.positions.unsqueeze(1).expand(B, H, self.prompt_len), 2, tok)
+        pos = torch.gather(self.positions.unsqueeze(1).expand(B, H, -1), 2, tok)
         post = self.rotate(pre.reshape(B * H, 1, m * C, d), pos.reshape(B * H, m * C))
         return post.reshape(B, H, m, C, d)
 
@@ -356,110 +365,166 @@ class ShadowKVSelector(Selector):
                 k = torch.cat([k, k.new_zeros(B, H, pad, d)], 2)
                 v = torch.cat([v, v.new_zeros(B, H, pad, d)], 2)
 
-        rebuild_metadata, rebuilt_keys, h2d = self._rebuild_bytes(misses).tolist()
+        rebuild_metadata, rebuilt_keys, h2d = self._rebuild_bytes(misses, self.r).mean(0).tolist()
         return Selection(indices=idx.unsqueeze(2), valid=valid.unsqueeze(2), keys=k.unsqueeze(2),
                          values=v.unsqueeze(2), forced_tokens=float(forced), metadata_bytes=landmarks + rebuild_metadata,
                          kv_bytes=2.0 * d * s * H * (forced + C * n_sel) + rebuilt_keys, h2d_bytes=h2d)
 
     # ----- static decode: a fixed number of chunks rebuilt and attended, the step's plan only on the device --------
+    # Each row's layout is device state (static_params, baselines/shadowkv/kernels.py PARAMS) and the temporal buffer
+    # has two slots per row (read (L + 1) % 2, write L % 2), so rows of different lengths and layouts stack in one
+    # step. The step's keys and values are compacted: the outlier chunks' tokens, the selected chunks (best first),
+    # the exact tail; row b attends its first count_b slots.
+
+    row_state = ("candidates", "landmarks", "outlier_tokens", "positions", "U", "SV", "SV_rot", "rope_cos", "rope_sin",
+                 "host_values", "s_chunks", "s_values", "s_hit_sum", "s_step_bytes", "static_params", "out_slots",
+                 "n_top", "tail_slots", "static_ranked")
 
     def static_decode_error(self):
         return None
 
     def start_static(self, capacity):
         """Fixed shapes for every step up to `capacity` tokens: the first step's n_sel chunks (the most any step
-        selects: n_sel only shrinks as tokens are generated), the longest exact tail, and the temporal buffer of
-        the previous selection as (chunk ids, validity, values)."""
+        selects: n_sel only shrinks as tokens are generated), the longest exact tail, the temporal buffer's two
+        slots (both holding the previous selection), and the row's layout on the device."""
         B, H = self.candidates.shape[:2]
         C, d = self.chunk_size, self.SV.shape[-1]
-        ncand = self.candidates.shape[-1]
+        ncand = self.num_candidates
         self.n_top = self._plan(1)[1]
-        generated = capacity - self.prompt_len
-        room = self.budget - C * self.outliers
-        tail = self.window + generated
-        self.tail_slots = tail if self.budget_mode == "paper" else min(tail, room)
+        tail = self.window + capacity - self.prompt_len
+        self.tail_slots = tail if self.budget_mode == "paper" else min(tail, self.budget - C * self.outliers)
+        self.out_slots = C * self.outliers
         # paper mode selects min(budget // C, #candidates) chunks at every step: no ranking is needed when that is
         # every candidate; fair mode's n_sel shrinks, so it always ranks
         self.static_ranked = self.n_top < ncand or self.budget_mode == "fair"
         prev = self.buf_chunks
         n_prev = prev.shape[-1]
-        self.s_chunks = prev.new_zeros(B, H, self.n_top)
-        self.s_valid = torch.zeros(B, H, self.n_top, dtype=torch.bool, device=prev.device)
-        self.s_chunks[..., :n_prev] = prev
-        self.s_valid[..., :n_prev] = True
+        self.s_chunks = prev.new_full((B, 2, H, self.n_top), -1)
+        self.s_chunks[..., :n_prev] = prev.unsqueeze(1)
         if self.offload_values:
-            self.s_values = self.buf_v.new_zeros(B, H, self.n_top, C, d)
-            self.s_values[:, :, :n_prev] = self.buf_v
-            self.host_view = device_view(self.host_values, self.device)
-        self.s_hit_sum = torch.zeros((), dtype=torch.float64, device=prev.device)
+            self.s_values = self.buf_v.new_zeros(B, 2, H, self.n_top, C * d)
+            self.s_values[:, :, :, :n_prev] = self.buf_v.reshape(B, 1, H, n_prev, C * d)
+        else:
+            self.s_values = self.host_values = None
+        self.s_hit_sum = torch.zeros(B, dtype=torch.float64, device=prev.device)
+        self.s_step_bytes = torch.zeros(B, 3, dtype=torch.float64, device=prev.device)
         self.s_hit_steps = 0
+        self.static_params = torch.tensor([[self.prompt_len, self.window, self.outliers, ncand, self.r,
+                                            self.num_chunks]], device=prev.device).repeat(B, 1)
+        self.SV_rot = self.rope_cos = self.rope_sin = None
+        if self.rotate is not None and self.info.backend == "triton":  # the kernel rotates: rot(S V) and cos/sin
+            if self.rotation is None:
+                raise ConfigError("shadowkv: the fused static step rotates rebuilt keys itself and needs the cache's "
+                                  "KeyRotation (PrefillContext.rotation); use backend=torch")
+            self.SV_rot = self.rotation.quarter_turn(self.SV, self.info.layer_idx)
+            self.rope_cos, self.rope_sin = self.rotation.tables(self.positions, self.info.layer_idx, self.SV)
+        self._host_view = self._host_of = None
 
-    def _static_plan(self, length: Tensor) -> tuple[Tensor, Tensor]:
-        """`_plan` at the device length: (first token of the exact tail, n_sel), both 0-dim device tensors."""
-        L = length.reshape(())
-        C, W = self.chunk_size, self.window
-        ncand = self.candidates.shape[-1]
-        start = torch.full_like(L, self.prompt_len - W)
+    def _host_store(self) -> Tensor | None:
+        """The host store as the step reads it (`device_view`), made again when the store is replaced (stacked)."""
+        if not self.offload_values:
+            return None
+        if self._host_of is not self.host_values:
+            self._host_view, self._host_of = device_view(self.host_values, self.device), self.host_values
+        return self._host_view
+
+    def _static_plan(self, length: Tensor, params: Tensor) -> tuple[Tensor, Tensor]:
+        """`_plan` of each row at its device length: (first token of the exact tail, n_sel), [1 or B, 1, 1] each."""
+        L = length.view(-1, 1, 1)
+        P, W, O, ncand = (x.view(-1, 1, 1)[: L.shape[0]] for x in params[:, :4].unbind(-1))
+        C = self.chunk_size
         if self.budget_mode == "paper":
-            return start, torch.full_like(L, min(self.budget // C, ncand))
-        room = self.budget - C * self.outliers
-        generated = L - self.prompt_len
-        over = W + generated > room
-        n_sel = torch.div(room - W - generated, C, rounding_mode="floor").clamp(max=ncand)
-        return torch.where(over, L - room, start), torch.where(over, torch.zeros_like(n_sel), n_sel)
+            return P - W, ncand.clamp(max=self.budget // C)
+        room = self.budget - C * O
+        over = W + L - P > room
+        n_sel = torch.div(room - W - (L - P), C, rounding_mode="floor").clamp(max=ncand)
+        return torch.where(over, L - room, P - W), torch.where(over, torch.zeros_like(n_sel), n_sel)
 
     def select_static(self, query, keys, values, length):
-        """The eager step in fixed shapes: top n_top candidates by score (best first), the first n_sel(L) of them
-        valid; every selected chunk's keys rebuilt from the factors (a hit's rebuilt keys are the same), values
-        of hits from the buffer and of misses from the host store (only the missed rows are read, on the device);
-        tail tokens at or past L masked. Rebuilt / fetched bytes, which depend on the hits, are counted on the
-        device (Selection.device_bytes)."""
+        """The eager step in fixed shapes: the top n_top candidates by score (best first), the first n_sel(L) of
+        them selected; every selected chunk's keys rebuilt from the factors, values of hits from the temporal buffer
+        and of misses from the host store; the outlier chunks and the exact tail from the cache; all compacted
+        (row b attends its first count_b slots). Rebuilt / fetched bytes, which depend on the hits, are counted on the device
+        (Selection.device_bytes)."""
+        C = self.chunk_size
+        top = None
+        if self.info.backend == "triton":
+            from baselines.shadowkv.kernels import shadow_gather, shadow_scores
+        if self.static_ranked:
+            scores = (self._scores(query, self.static_params[:, 3]) if self.info.backend != "triton" else
+                      shadow_scores(query, self.landmarks, self.static_params, self.scale))
+            top = torch.topk(scores, self.n_top, dim=-1).indices
+        slots = self.out_slots + C * self.n_top + self.tail_slots
+        if self.info.backend == "triton":
+            k, v, count = shadow_gather(
+                keys, values, top, self.candidates, self.outlier_tokens, self.U, self.SV, self.SV_rot, self.rope_cos,
+                self.rope_sin, self.s_chunks, self.s_values, self._host_store(), self.static_params, length,
+                slots=slots, chunk_size=C, budget=self.budget, paper=self.budget_mode == "paper",
+                elem_bytes=self.info.kv_element_bytes, step_bytes=self.s_step_bytes, hit_sum=self.s_hit_sum)
+            return Selection(keys=k.unsqueeze(2), values=v.unsqueeze(2), key_count=count, attended_on_host=True,
+                             device_bytes=self.s_step_bytes)
+        return self._select_static_reference(top, keys, values, length, slots)
+
+    def _select_static_reference(self, top, keys, values, length, slots):
+        """`shadow_gather` in PyTorch (its oracle)."""
         B, H, cap, d = keys.shape
-        C, n_top = self.chunk_size, self.n_top
-        L = length.reshape(())
-        start, n_sel = self._static_plan(length)
-        chosen = self._ranked(query, n_top) if self.static_ranked else self.candidates
-        chosen_valid = torch.arange(n_top, device=keys.device) < n_sel  # [n_top]: rank < n_sel
-        chosen_valid = chosen_valid.expand(B, H, n_top)
-        eq = (chosen.unsqueeze(-1) == self.s_chunks.unsqueeze(-2)) & self.s_valid.unsqueeze(-2)
-        hit = eq.any(-1) & chosen_valid
-        missed = chosen_valid & ~hit
-        self.s_hit_sum.add_((hit.sum() / (chosen_valid.sum().clamp(min=1))).to(torch.float64))
-        k_sel = self._reconstruct(chosen)  # [B, H, n_top, C, d]
+        C, NT = self.chunk_size, self.n_top
+        L = length.view(-1, 1, 1)
+        start, n_sel = self._static_plan(length, self.static_params)
+        P, W, O, NC, R, _ = (x.view(-1, 1, 1)[: L.shape[0]] for x in self.static_params.unbind(-1))
+        rank = top if top is not None else torch.arange(NT, device=keys.device).expand(B, H, NT)
+        chunk = self.candidates.gather(-1, rank)  # [B, H, NT]
+        chosen = torch.arange(NT, device=keys.device) < n_sel
+        rows = torch.arange(B, device=keys.device)
+        rd, wr = ((L + 1) % 2).view(-1).expand(B), (L % 2).view(-1).expand(B)
+        prev = self.s_chunks[rows, rd]  # [B, H, NT]
+        eq = (chunk.unsqueeze(-1) == prev.unsqueeze(-2)) & (prev >= 0).unsqueeze(-2)
+        hit = eq.any(-1) & chosen
+        hits = hit.sum((1, 2)).to(torch.float64)
+        self.s_hit_sum.add_(torch.where(n_sel.view(-1) > 0, hits / (H * n_sel.view(-1)).clamp(min=1), 0.0))
+        k_sel = self._reconstruct(chunk).view(B, H, NT * C, d)
+        if not NT:  # nothing is ever selected: one zero row keeps the slot gathers below in range
+            k_sel = k_sel.new_zeros(B, H, 1, d)
         if self.offload_values:
-            v_hit = take_rows(self.s_values.view(B, H, n_top, C * d), eq.int().argmax(-1)).view(B, H, n_top, C, d)
-            v_miss = gather_missed_rows(self.host_view, chosen, missed).view(B, H, n_top, C, d).to(values.device)
-            v_sel = torch.where(hit[..., None, None], v_hit, v_miss)
-            self.s_values.copy_(v_sel)
-            rebuilt = missed.sum(-1) * C  # [B, H] rebuilt keys / fetched value rows
+            v_hit = take_rows(self.s_values[rows, rd], eq.int().argmax(-1))
+            v_miss = gather_missed_rows(self._host_store(), chunk, chosen & ~hit).to(values.device)
+            v_sel = torch.where(hit[..., None], v_hit, v_miss)  # [B, H, NT, C*d]
+            self.s_values[rows, wr] = v_sel
+            rebuilt = (chosen & ~hit).sum(-1) * C
+            v_sel = v_sel.view(B, H, NT * C, d)
         else:
-            v_sel = take_rows(values, self._tokens(chosen)).view(B, H, n_top, C, d)
-            rebuilt = chosen_valid.sum(-1) * C
-        self.s_chunks.copy_(chosen)
-        self.s_valid.copy_(chosen_valid)
+            v_sel = take_rows(values, self._tokens(chunk))
+            rebuilt = chosen.sum(-1).expand(B, H) * C
+        self.s_chunks[rows, wr] = torch.where(chosen, chunk, -1)
+        self.s_step_bytes.copy_(self._rebuild_bytes(rebuilt, R.view(-1)))
 
-        tail = start + torch.arange(self.tail_slots, device=keys.device)
-        tail_valid = (tail < L).expand(B, H, -1)
-        tail = tail.clamp(max=cap - 1).expand(B, H, -1)
-        idx = torch.cat([self.outlier_tokens, self._tokens(chosen), tail], dim=-1)
-        valid = torch.cat([torch.ones_like(self.outlier_tokens, dtype=torch.bool),
-                           chosen_valid.repeat_interleave(C, dim=-1), tail_valid], dim=-1)
-        k = torch.cat([take_rows(keys, self.outlier_tokens), k_sel.view(B, H, -1, d), take_rows(keys, tail)], dim=2)
-        v = torch.cat([take_rows(values, self.outlier_tokens), v_sel.view(B, H, -1, d), take_rows(values, tail)], 2)
-        order = torch.where(valid, idx, cap).sort(dim=-1, stable=True).indices  # eager order, masked slots last
-        idx, valid = idx.gather(-1, order), valid.gather(-1, order)
-        k, v = take_rows(k, order), take_rows(v, order)
-
-        return Selection(indices=idx.masked_fill(~valid, 0).unsqueeze(2), valid=valid.unsqueeze(2),
-                         keys=k.unsqueeze(2), values=v.unsqueeze(2), attended_on_host=True,
-                         device_bytes=self._rebuild_bytes(rebuilt))
+        if not NT:
+            v_sel = v_sel.new_zeros(B, H, 1, d)
+        s = torch.arange(slots, device=keys.device)
+        n_out, n_chosen = C * O, C * n_sel
+        count = n_out + n_chosen + L - start
+        is_sel = (s >= n_out) & (s < n_out + n_chosen)
+        exact = (s < n_out) | ((s >= n_out + n_chosen) & (s < count))
+        tail = start + s - n_out - n_chosen
+        if self.outlier_tokens.shape[-1]:
+            out_tok = self.outlier_tokens.gather(-1, s.clamp(max=self.outlier_tokens.shape[-1] - 1).expand(B, H, -1))
+            tail = torch.where(s < n_out, out_tok, tail)
+        tok = tail.clamp(0, cap - 1).expand(B, H, slots)
+        j = (s - n_out).clamp(0, max(NT * C - 1, 0)).expand(B, H, slots)  # slot -> (rank, token of the chunk) = j // C, j % C
+        k = torch.where(is_sel[..., None], take_rows(k_sel, j), torch.where(exact[..., None], take_rows(keys, tok), 0))
+        v = torch.where(is_sel[..., None], take_rows(v_sel, j), torch.where(exact[..., None], take_rows(values, tok), 0))
+        valid = (is_sel | exact).expand(B, H, slots)
+        indices = torch.where(is_sel, self._tokens(chunk).gather(-1, j), torch.where(exact, tok, 0))
+        return Selection(indices=indices.unsqueeze(2), valid=valid.unsqueeze(2), keys=k.unsqueeze(2),
+                         values=v.unsqueeze(2), attended_on_host=True, device_bytes=self.s_step_bytes)
 
     def static_state(self):
-        return [self.s_chunks, self.s_valid, self.s_hit_sum] + ([self.s_values] if self.offload_values else [])
+        return [self.s_chunks, self.s_hit_sum, self.s_step_bytes] + ([self.s_values] if self.offload_values else [])
 
     def finish_static(self):
         if self.s_hit_steps:  # one entry for the static steps: their mean, weighted by their count in extra_metrics
-            self.static_hits = (self.static_hits[0] + float(self.s_hit_sum), self.static_hits[1] + self.s_hit_steps)
+            self.static_hits = (self.static_hits[0] + float(self.s_hit_sum.mean()),
+                                self.static_hits[1] + self.s_hit_steps)
         self.s_hit_sum.zero_()
         self.s_hit_steps = 0
 
