@@ -151,7 +151,7 @@ def fill_cache(cache, L: int, gen, prefill_state: str, device, dtype, batch: int
         layer.update(k, v)
         prefill_selector(layer.selector, k, v, gen, prefill_state, max_new_tokens=max_new_tokens,
                          rotate=functools.partial(cache.rotation.rotate, layer_idx=i),
-                         unrotate=functools.partial(cache.rotation.unrotate, layer_idx=i))
+                         unrotate=functools.partial(cache.rotation.unrotate, layer_idx=i), rotation=cache.rotation)
 
 
 def sync(device):

@@ -75,7 +75,7 @@ class PrefillState(dict):
 
 
 def prefill_selector(selector, keys: Tensor, values: Tensor, gen: torch.Generator, mode: str, *,
-                     max_new_tokens: int, rotate=None, unrotate=None) -> None:
+                     max_new_tokens: int, rotate=None, unrotate=None, rotation=None) -> None:
     """Run `selector.prefill` on keys/values [B, Hkv, L, d] as after a real prompt of L tokens: random queries (as
     many trailing ones as the selector reads; in mode "random" at most 64, since the memo answers the parts that
     read them all), the state's expensive parts from `PrefillState(mode)`. `rotate(keys, positions)` and
@@ -91,5 +91,5 @@ def prefill_selector(selector, keys: Tensor, values: Tensor, gen: torch.Generato
     positions = torch.arange(L, device=keys.device)[None].expand(B, -1)
     pre_rope = (lambda: keys) if unrotate is None else (lambda: unrotate(keys, positions))
     selector.prefill(PrefillContext(keys=keys, values=values, queries=queries, positions=positions,
-                                    pre_rope_keys=pre_rope, max_new_tokens=max_new_tokens, rotate=rotate,
+                                    pre_rope_keys=pre_rope, max_new_tokens=max_new_tokens, rotate=rotate, rotation=rotation,
                                     memo=PrefillState(keys, queries, gen, mode)))

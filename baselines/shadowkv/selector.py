@@ -412,10 +412,10 @@ class ShadowKVSelector(Selector):
         self.static_params = torch.tensor([[self.prompt_len, self.window, self.outliers, ncand, self.r,
                                             self.num_chunks]], device=prev.device).repeat(B, 1)
         self.SV_rot = self.rope_cos = self.rope_sin = None
-        if self.rotate is not None and self.info.backend == "triton":  # the kernel rotates: rot(S V) and cos/sin
-            if self.rotation is None:
-                raise ConfigError("shadowkv: the fused static step rotates rebuilt keys itself and needs the cache's "
-                                  "KeyRotation (PrefillContext.rotation); use backend=torch")
+        # the kernel rotates with rot(S V) and cos/sin from the cache's KeyRotation; a context with a bare rotate
+        # callable (bench/decode.py's own RoPE) runs the PyTorch step
+        self.fused = self.info.backend == "triton" and (self.rotate is None or self.rotation is not None)
+        if self.rotate is not None and self.fused:
             self.SV_rot = self.rotation.quarter_turn(self.SV, self.info.layer_idx)
             self.rope_cos, self.rope_sin = self.rotation.tables(self.positions, self.info.layer_idx, self.SV)
         self._host_view = self._host_of = None
@@ -448,14 +448,14 @@ class ShadowKVSelector(Selector):
         (Selection.device_bytes)."""
         C = self.chunk_size
         top = None
-        if self.info.backend == "triton":
+        if self.fused:
             from baselines.shadowkv.kernels import shadow_gather, shadow_scores
         if self.static_ranked:
-            scores = (self._scores(query, self.static_params[:, 3]) if self.info.backend != "triton" else
+            scores = (self._scores(query, self.static_params[:, 3]) if not self.fused else
                       shadow_scores(query, self.landmarks, self.static_params, self.scale))
             top = torch.topk(scores, self.n_top, dim=-1).indices
         slots = self.out_slots + C * self.n_top + self.tail_slots
-        if self.info.backend == "triton":
+        if self.fused:
             k, v, count = shadow_gather(
                 keys, values, top, self.candidates, self.outlier_tokens, self.U, self.SV, self.SV_rot, self.rope_cos,
                 self.rope_sin, self.s_chunks, self.s_values, self._host_store(), self.static_params, length,
