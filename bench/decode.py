@@ -441,7 +441,8 @@ def selector_step_bytes(selector, sel: Selection, L: int) -> tuple[float, float,
         kv = sel.kv_bytes if sel.kv_bytes is not None else counted * info.token_kv_bytes
         return float(sel.metadata_bytes + kv), float(sel.h2d_bytes), counted
     _, metadata, attended, *kv = selector.static_step_cost(L)
-    device = [0.0, 0.0, 0.0] if sel.device_bytes is None else [float(x) for x in sel.device_bytes.reshape(-1, 3).mean(0).tolist()]
+    device = ([0.0, 0.0, 0.0] if sel.device_bytes is None else  # per row ([B, 3]) or the batch's ([3]): the mean
+              [float(x) for x in sel.device_bytes.reshape(-1, 3).mean(0).tolist()])
     kv_bytes = kv[0] if kv else (attended or 0.0) * info.token_kv_bytes
     if attended is None:
         attended = counted

@@ -91,5 +91,6 @@ def prefill_selector(selector, keys: Tensor, values: Tensor, gen: torch.Generato
     positions = torch.arange(L, device=keys.device)[None].expand(B, -1)
     pre_rope = (lambda: keys) if unrotate is None else (lambda: unrotate(keys, positions))
     selector.prefill(PrefillContext(keys=keys, values=values, queries=queries, positions=positions,
-                                    pre_rope_keys=pre_rope, max_new_tokens=max_new_tokens, rotate=rotate, rotation=rotation,
+                                    pre_rope_keys=pre_rope, max_new_tokens=max_new_tokens, rotate=rotate,
+                                    rotation=rotation,
                                     memo=PrefillState(keys, queries, gen, mode)))

@@ -444,8 +444,8 @@ class ShadowKVSelector(Selector):
         """The eager step in fixed shapes: the top n_top candidates by score (best first), the first n_sel(L) of
         them selected; every selected chunk's keys rebuilt from the factors, values of hits from the temporal buffer
         and of misses from the host store; the outlier chunks and the exact tail from the cache; all compacted
-        (row b attends its first count_b slots). Rebuilt / fetched bytes, which depend on the hits, are counted on the device
-        (Selection.device_bytes)."""
+        (row b attends its first count_b slots). Rebuilt / fetched bytes, which depend on the hits, are counted on
+        the device (Selection.device_bytes)."""
         C = self.chunk_size
         top = None
         if self.fused:
@@ -510,9 +510,11 @@ class ShadowKVSelector(Selector):
             out_tok = self.outlier_tokens.gather(-1, s.clamp(max=self.outlier_tokens.shape[-1] - 1).expand(B, H, -1))
             tail = torch.where(s < n_out, out_tok, tail)
         tok = tail.clamp(0, cap - 1).expand(B, H, slots)
-        j = (s - n_out).clamp(0, max(NT * C - 1, 0)).expand(B, H, slots)  # slot -> (rank, token of the chunk) = j // C, j % C
-        k = torch.where(is_sel[..., None], take_rows(k_sel, j), torch.where(exact[..., None], take_rows(keys, tok), 0))
-        v = torch.where(is_sel[..., None], take_rows(v_sel, j), torch.where(exact[..., None], take_rows(values, tok), 0))
+        j = (s - n_out).clamp(0, max(NT * C - 1, 0)).expand(B, H, slots)  # slot -> rank j // C, token j % C
+        k = torch.where(is_sel[..., None], take_rows(k_sel, j),
+                        torch.where(exact[..., None], take_rows(keys, tok), 0))
+        v = torch.where(is_sel[..., None], take_rows(v_sel, j),
+                        torch.where(exact[..., None], take_rows(values, tok), 0))
         valid = (is_sel | exact).expand(B, H, slots)
         indices = torch.where(is_sel, self._tokens(chunk).gather(-1, j), torch.where(exact, tok, 0))
         return Selection(indices=indices.unsqueeze(2), valid=valid.unsqueeze(2), keys=k.unsqueeze(2),

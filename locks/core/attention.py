@@ -191,7 +191,8 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: flo
            length: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Exact attention of q [B, Hq, d] over a (non-dense) Selection -> (out [B, Hq, d], lse [B, Hq] fp32): the fused
     kernels of locks/kernels/ with backend "triton", the PyTorch reference otherwise and whenever the selection
-    brings its own keys/values (reconstructed keys, offloaded values). Page lists are truncated at `length` (the
+    brings its own keys/values (reconstructed keys, offloaded values), except compacted ones (`key_count`: each row's
+    first key_count slots, FullKV's kernel with backend "triton"). Page lists are truncated at `length` (the
     device length of a static step; default: the whole cache)."""
     if sel.key_count is not None and backend == "triton":  # compacted keys/values: each row's first key_count
         from locks.kernels import full_decode
