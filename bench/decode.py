@@ -433,7 +433,9 @@ def selector_step_bytes(selector, sel: Selection, L: int) -> tuple[float, float,
     info = selector.info
     if sel.dense:
         return float(L * info.token_kv_bytes), 0.0, float(L)
-    if sel.pages is None:
+    if sel.attended_rows is not None:  # counted by the selector's own kernel (LRQK's fused step)
+        counted = float(sel.attended_rows.mean())
+    elif sel.pages is None:
         counted = float(attended_per_kv_head(sel, L).mean())
     else:
         counted = float(paged_attended(sel, torch.tensor([L], device=sel.pages.device), L).mean())

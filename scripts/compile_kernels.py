@@ -94,7 +94,9 @@ def shapes():
 
 def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
     """Yields (site, params, thunk): thunk() calls the kernel entry points (K: locks.kernels, LK: locks.method.kernels,
-    QK: baselines.quest.kernels; RK: baselines.rocketkv.kernels; SK: baselines.shadowkv.kernels) on meta tensors."""
+    QK: baselines.quest.kernels; RK: baselines.rocketkv.kernels; SK: baselines.shadowkv.kernels; LR:
+    baselines.lrqk.kernels) on meta tensors."""
+    from baselines.lrqk import kernels as LR
     from baselines.rocketkv import kernels as RK
     from baselines.shadowkv import kernels as SK
     from baselines.rocketkv import rocket_params
@@ -249,6 +251,31 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
                         meta(B, H, L // C, C * d, dtype=dtype) if offload else None, sprm, lt,
                         slots=C * O + C * nt + budget, chunk_size=C, budget=budget, paper=paper, elem_bytes=2,
                         step_bytes=meta(B, 3, dtype=f64), hit_sum=meta(B, dtype=f64)))
+
+        # baselines/lrqk/selector.py select_static (backend triton): the decode solves, the proxy scores with the
+        # Kaczmarz updates, and the slot replacement (default options: rank 32, 64 lite tokens, top_k = budget - 64,
+        # two decode iterations)
+        if budget > 64:
+            kt, r = budget - 64, min(32, d)
+            f64, i64 = torch.float64, torch.int64
+            for lt, lp in lengths:
+                state = dict(Kh=meta(B, Hq, budget, d, dtype=dtype), Vh=meta(B, Hq, budget, d, dtype=dtype),
+                             slots=meta(B, Hq, kt, dtype=i64), A_K=meta(B, Hq, L, r, dtype=dtype),
+                             B_Q=meta(B, Hq, r, d, dtype=dtype), B_K=meta(B, Hq, r, d, dtype=dtype),
+                             step_bytes=meta(B, 3, dtype=f64), attended=meta(B, H, dtype=f64))
+                ws = (meta(B * Hq, 2, 32, dtype=torch.float32), meta(B * Hq, 2, 32, dtype=torch.float32),
+                      meta(B * Hq, 2, dtype=torch.float32), meta(B * H, -(-L // 32), dtype=torch.int32))
+                yield "lrqk.select_static solve", lp, (lambda q=q, k=k, v=v, lt=lt, st=state, B=B: LR.lrqk_solve(
+                    q, k, v, lt, meta(B, dtype=i64), st["Kh"], st["Vh"], meta(B, 64, dtype=i64), st["slots"],
+                    st["A_K"], st["B_Q"], st["B_K"], meta(B, dtype=torch.int32), st["step_bytes"], st["attended"],
+                    max_iter=2, lambda1=1.0, lambda2=1.0))
+                yield "lrqk.select_static scores", lp, (lambda q=q, k=k, lt=lt, st=state, ws=ws: LR.lrqk_scores(
+                    q, k, lt, st["A_K"], st["B_Q"], st["B_K"], ws, lite_tokens=64, off_by_one=True, tol=1e-2))
+                yield "lrqk.select_static replace", lp, (lambda lt=lt, st=state, B=B, H=H, G=G, L=L, d=d, kt=kt, ws=ws:
+                                                         LR.lrqk_replace(
+                    meta(B, H * G, kt, dtype=i64), st["slots"], meta(B, H * G, kt, dtype=i64), lt, st["Kh"], st["Vh"],
+                    meta(B, H, L, 2 * d, dtype=st["Kh"].dtype), meta(B, dtype=f64), st["step_bytes"], st["attended"],
+                    ws, group=G, elem_bytes=2))
 
         # the rest of the public API (every constexpr branch): per-head LOCKS scores, the one-pass log Z variant,
         # Quest's group reductions

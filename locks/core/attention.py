@@ -194,10 +194,15 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: flo
     brings its own keys/values (reconstructed keys, offloaded values), except compacted ones (`key_count`: each row's
     first key_count slots, FullKV's kernel with backend "triton"). Page lists are truncated at `length` (the
     device length of a static step; default: the whole cache)."""
-    if sel.key_count is not None and backend == "triton":  # compacted keys/values: each row's first key_count
-        from locks.kernels import full_decode
+    if sel.key_count is not None:  # compacted keys/values: each row's first key_count slots
+        if backend == "triton":
+            from locks.kernels import full_decode
 
-        return full_decode(q, sel.keys[:, :, 0], sel.values[:, :, 0], scaling, length=sel.key_count)
+            return full_decode(q, sel.keys.flatten(1, 2), sel.values.flatten(1, 2), scaling, length=sel.key_count)
+        B, H, Gs, S = sel.keys.shape[:4]
+        slots = torch.arange(S, device=q.device).view(1, 1, 1, S)
+        valid = (slots < sel.key_count.view(-1, 1, 1, 1)).expand(B, H, Gs, S)
+        sel = Selection(indices=slots.expand(B, H, Gs, S), valid=valid, keys=sel.keys, values=sel.values)
     if sel.keys is not None or sel.values is not None or backend != "triton":
         if sel.pages is not None:
             length = keys.new_full((1,), keys.shape[2], dtype=torch.long) if length is None else length

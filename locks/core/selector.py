@@ -141,8 +141,9 @@ class Selection:
     # Static decode only: [B, Hkv] fp64, the distinct tokens each KV head reads this step, counted by the selector's
     # own kernel (Quest's per-head page sets); None: the step counts them from the page or token list
     attended_rows: Tensor | None = None
-    # Static decode only, with `keys` and `values` compacted ([B, Hkv, 1, S, d]): [B] int32, row b attends its first
-    # key_count[b] slots (the fused path reads them in order, with no index list; ShadowKV)
+    # Static decode only, with `keys` and `values` compacted ([B, Hkv, Gs, S, d]): [B] int32, every head of row b
+    # attends its first key_count[b] slots (the fused path reads them in order, with no index list; ShadowKV's
+    # compacted K/V, LRQK's per-query-head hot cache)
     key_count: Tensor | None = None
 
     @staticmethod

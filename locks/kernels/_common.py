@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 
 import torch
 import triton
@@ -22,6 +23,11 @@ try:  # triton >= 3.0 (3.6 on the GPU image, 3.9 in CI)
     from triton.runtime.interpreter import InterpretedFunction as _Interpreted
 except Exception:  # pragma: no cover
     _Interpreted = ()
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from locks.kernels.interpreter import install as _install_interpreter_patch
+
+    _install_interpreter_patch()  # the language patched once per launch (locks/kernels/interpreter.py)
 
 _SMS: dict = {}
 _POISON = [False]

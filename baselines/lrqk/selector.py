@@ -53,6 +53,9 @@ Deviations from the official code (tenghuilee/LRQK @ f3b843f, `lrqk_attention.py
   * the initial top-k rows come from the dense prefill K/V on the device (no H2D), as in the official prefill.
   * no torch.compile / C++ gather kernel; on a CPU device the hooks run with one intra-op thread (restored after
     each call): the per-step tensors are tiny and extra OpenMP threads only add barrier waits on a shared machine.
+  * the fused static step (backend triton, baselines/lrqk/kernels.py) solves the r x r systems from two inverses
+    (sweep operator, Sherman-Morrison) in fp32 registers (official: torch.linalg.solve) and attends the hot cache in slot order; the decode stop test
+    is per row (the official code has one sequence).
 """
 from __future__ import annotations
 
@@ -134,9 +137,10 @@ def decode_coordinates(B_Q: Tensor, B_K: Tensor, A_om: Tensor, K_om: Tensor, q: 
     """Low-rank coordinates of the new token. B_Q, B_K [.., r, d]; A_om [.., m, r]; K_om [.., m, d]; q, k [.., 1, d].
 
     -> (q_hat, k_hat, k_hat_used): q_hat solves its normal equation with k_hat_used, k_hat solves its own with q_hat.
-    The loop stops after the first iteration whose MSE(k_used, k_hat) < tol. on_device=True (static decode): the
-    stop is decided on the device, every iteration runs and those after the stop leave the result as it was (the
-    same values, no host read).
+    The loop stops after the first iteration whose MSE(k_used, k_hat) < tol, the MSE of each row over its heads
+    (as the official code computes it for its one sequence; several rows stop when all have). on_device=True
+    (static decode): the stop is decided on the device for each row, every iteration runs and those after the
+    stop leave the result as it was (the same values, no host read).
     """
     kB = k @ B_K.mT
     P = B_K @ B_K.mT
@@ -149,17 +153,18 @@ def decode_coordinates(B_Q: Tensor, B_K: Tensor, A_om: Tensor, K_om: Tensor, q: 
         used = k_hat
         q_new = solve_right(M_q + lambda1 * k_hat.mT @ k_hat, rhs_q + c * k_hat)
         k_new = solve_right(P + lambda1 * q_new.mT @ q_new, kB + c * q_new)
+        change = (used - k_new).square().mean(tuple(range(1, used.dim())), keepdim=True) < tol  # MSE per row
         if not on_device:
             q_hat, k_hat, k_used = q_new, k_new, used
-            if float(F.mse_loss(used, k_new)) < tol:
+            if bool(change.all()):
                 break
             continue
         if stopped is None:
-            q_hat, k_hat, k_used, stopped = q_new, k_new, used, F.mse_loss(used, k_new) < tol
+            q_hat, k_hat, k_used, stopped = q_new, k_new, used, change
             continue
         q_hat, k_hat, k_used = (torch.where(stopped, old, new) for old, new in
                                 ((q_hat, q_new), (k_hat, k_new), (k_used, used)))
-        stopped = stopped | (F.mse_loss(used, k_new) < tol)
+        stopped = stopped | change
     return q_hat, k_hat, k_used
 
 
@@ -510,6 +515,12 @@ class LRQKSelector(Selector):
             forced_tokens=forced, metadata_bytes=metadata, kv_bytes=kv, h2d_bytes=2.0 * d * s * rows / B)
 
     # ----- static decode: every shape fixed by (top_k, lite_tokens, capacity), the length only on the device -------
+    # Each row's ring position is device state (s_ring_base), its lite ring s_lite [B, n], its counters [B]: rows of
+    # different lengths stack in one step. backend triton runs baselines/lrqk/kernels.py (three launches around
+    # torch.topk and a sort; the r x r solves in registers, no linalg call); this PyTorch step is their oracle.
+
+    row_state = ("B_Q", "B_K", "A_K", "slots", "s_sorted", "Kh", "Vh", "s_lite", "s_ring_base", "store", "s_missed",
+                 "s_step_bytes", "s_attended", "s_count")
 
     def static_decode_error(self):
         return None
@@ -522,37 +533,57 @@ class LRQKSelector(Selector):
 
     def start_static(self, capacity):
         """A_K and the cold store for `capacity` tokens (the store pinned on a CUDA machine, read in place by the
-        step); hit and transfer counters on the device."""
+        step); the ring's position, the sorted top-k set and the row's counters on the device."""
         if self.static_sample_error():
             raise ConfigError(self.static_sample_error())
+        B, Hq = self.slots.shape[:2]
         self.A_K = grown(self.A_K, self.ak_len, capacity, factor=1.0, zero=True)
         # preallocated: a flush between steps never reallocates it
         self.store = grown(self.store, self.store_len, capacity, factor=1.0, pin=True)
-        self.store_view = device_view(self.store, self.device)
-        self.s_hits = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.s_rows = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.fused = self.info.backend == "triton"
+        if self.fused:  # the kernels index the state as contiguous tensors (the ALS leaves B_Q, B_K in column order;
+            # the PyTorch step keeps that layout, so its products round as the eager step's do)
+            for name in ("B_Q", "B_K", "A_K", "slots", "Kh", "Vh"):
+                setattr(self, name, getattr(self, name).contiguous())
+        self.s_lite = self.lite_t.view(1, -1).repeat(B, 1)
+        self.s_ring_base = torch.full((B,), self.ring_base, dtype=torch.long, device=self.device)
+        self.s_sorted = self.slots.sort(dim=-1).values
+        self.s_missed = torch.zeros(B, dtype=torch.float64, device=self.device)
+        self.s_step_bytes = torch.zeros(B, 3, dtype=torch.float64, device=self.device)
+        self.s_attended = torch.zeros(B, self.info.num_kv_heads, dtype=torch.float64, device=self.device)
+        self.s_count = torch.zeros(B, dtype=torch.int32, device=self.device)
         self.s_hit_steps = self.s_steps = 0
+        self._store_view = self._store_of = None
+
+    def _step_store(self) -> Tensor:
+        """The cold store as the step reads it (`device_view`), made again when the store is replaced (stacked)."""
+        if self._store_of is not self.store:
+            self._store_view, self._store_of = device_view(self.store, self.device), self.store
+        return self._store_view
 
     def select_static(self, query, keys, values, length):
         """`append` + `select` of the new token in fixed shapes: its ring slot, the Omega rows (tokens without an
-        A_K row zeroed), every decode iteration (the stop decided on the device), the Kaczmarz updates in place,
-        the top-k over A_K with candidates at or past L - n (- 1) masked, the slot replacement and a masked fetch
-        of the missed rows from the cold store. While the context fits the hot cache (L <= top_k + lite) the slots
-        stay and every resident token is attended, as eager; the union over a KV head's query heads is counted
-        on the device."""
+        A_K row zeroed), every decode iteration (each row's stop decided on the device), the Kaczmarz updates in
+        place, the top-k over A_K with candidates at or past L - n (- 1) masked, the slot replacement and a masked
+        fetch of the missed rows from the cold store. While a row's context fits the hot cache (L <= top_k + lite)
+        its slots stay and every resident token is attended, as eager; the union over a KV head's query heads is
+        counted on the device."""
+        if self.fused:
+            return self._select_static_fused(query, keys, values, length)
         B, Hkv, cap, d = keys.shape
         k, n, s, G = self.k, self.n, self.info.kv_element_bytes, self.G
         Hq = Hkv * G
-        L = length.reshape(())
-        position = length.reshape(1) - 1
-        ring = torch.remainder(position - self.ring_base, n)
-        key, value = keys.index_select(2, position), values.index_select(2, position)  # [B, Hkv, 1, d]
-        self.Kh.index_copy_(2, k + ring, self._rep(key))
-        self.Vh.index_copy_(2, k + ring, self._rep(value))
-        self.lite_t.index_copy_(0, ring, position)
+        L = length.view(-1, 1, 1)
+        position = (length.view(-1) - 1).expand(B)
+        rows = torch.arange(B, device=keys.device)
+        ring = torch.remainder(position - self.s_ring_base, n)
+        key, value = keys[rows, :, position].unsqueeze(2), values[rows, :, position].unsqueeze(2)  # [B, Hkv, 1, d]
+        self.Kh[rows, :, k + ring] = self._rep(key)[:, :, 0]
+        self.Vh[rows, :, k + ring] = self._rep(value)[:, :, 0]
+        self.s_lite[rows, ring] = position
 
-        omega = torch.cat([self.slots, self.lite_t.expand(B, Hq, n)], dim=-1)
-        ok = (omega >= 0) & (omega < position)  # the current token's A_K row does not exist yet: zeros
+        omega = torch.cat([self.slots, self.s_lite.unsqueeze(1).expand(B, Hq, n)], dim=-1)
+        ok = (omega >= 0) & (omega < position.view(B, 1, 1))  # the current token's A_K row does not exist yet: zeros
         A_om = take_rows(self.A_K, omega * ok).float() * ok[..., None]
         q = query.float().unsqueeze(2)
         k_t = self._rep(key).float()
@@ -561,7 +592,7 @@ class LRQKSelector(Selector):
                                              self.tol_decode, self.lambda_1, self.lambda_2, on_device=True)
         self.B_Q.copy_(kaczmarz(B_Q, q_hat, q))
         self.B_K.copy_(kaczmarz(B_K, k_hat, k_t))
-        self.A_K.index_copy_(2, position, k_hat.to(self.A_K.dtype))
+        self.A_K[rows, :, position] = k_hat[:, :, 0].to(self.A_K.dtype)
 
         resident = L <= k + n
         ncand = L - n - (1 if self.off_by_one else 0)
@@ -571,35 +602,58 @@ class LRQKSelector(Selector):
         slots, missed = replace_slots(self.slots, top, cap)
         missed = missed & ~resident
         slots = torch.where(resident, self.slots, slots)
-        self.s_hits.add_(torch.where(resident, 0.0, 1.0 - missed.float().mean()).to(torch.float64))
-        fetched = gather_missed_rows(self.store_view, slots.view(B, Hkv, G * k),
+        fetched = gather_missed_rows(self._step_store(), slots.view(B, Hkv, G * k),
                                      missed.view(B, Hkv, G * k)).view(B, Hq, k, 2 * d).to(self.Kh.device)
         self.Kh[:, :, :k] = torch.where(missed[..., None], fetched[..., :d], self.Kh[:, :, :k])
         self.Vh[:, :, :k] = torch.where(missed[..., None], fetched[..., d:], self.Vh[:, :, :k])
         self.slots.copy_(slots)
-        rows = missed.sum().to(torch.float64) / B
-        self.s_rows.add_(rows)
+        self.s_sorted.copy_(torch.where(resident, self.s_sorted, top))
+        count = missed.sum((1, 2)).to(torch.float64)  # [B]
+        self.s_missed.add_(count)
+        self.s_step_bytes.copy_(torch.stack([torch.zeros_like(count), torch.zeros_like(count), 2.0 * d * s * count],
+                                            dim=-1))
 
-        idx = torch.cat([self.slots, self.lite_t.expand(B, Hq, n)], dim=-1)
+        idx = torch.cat([self.slots, self.s_lite.unsqueeze(1).expand(B, Hq, n)], dim=-1)
         idx, order = torch.where(idx >= 0, idx, cap).sort(dim=-1)  # slot order while resident; unwritten last
         valid = idx < L
         shape = (B, Hkv, G, k + n, d)
-        zero = torch.zeros((), dtype=torch.float64, device=keys.device)
         return Selection(
             indices=idx.masked_fill(~valid, 0).view(B, Hkv, G, k + n), valid=valid.view(B, Hkv, G, k + n),
             keys=take_rows(self.Kh, order).view(shape), values=take_rows(self.Vh, order).view(shape),
-            kv_bytes=0.0, device_bytes=torch.stack([zero, zero, 2.0 * d * s * rows]))
+            kv_bytes=0.0, device_bytes=self.s_step_bytes)
+
+    def _select_static_fused(self, query, keys, values, length):
+        """`select_static` in three Triton launches around torch.topk and a sort (baselines/lrqk/kernels.py): the
+        hot cache is attended in slot order, each query head's first min(L, k + n) slots (`Selection.key_count`)."""
+        from baselines.lrqk.kernels import lrqk_replace, lrqk_scores, lrqk_solve
+
+        B, Hq, S, d = self.Kh.shape
+        workspaces = lrqk_solve(query, keys, values, length, self.s_ring_base, self.Kh, self.Vh, self.s_lite,
+                                self.slots, self.A_K, self.B_Q, self.B_K, self.s_count, self.s_step_bytes,
+                                self.s_attended, max_iter=self.max_iter_decode, lambda1=self.lambda_1,
+                                lambda2=self.lambda_2)
+        z = lrqk_scores(query, keys, length, self.A_K, self.B_Q, self.B_K, workspaces, lite_tokens=self.n,
+                        off_by_one=self.off_by_one, tol=self.tol_decode)
+        top = torch.topk(z, self.k, dim=-1, sorted=False).indices.sort(dim=-1).values
+        lrqk_replace(top, self.slots, self.s_sorted, length, self.Kh, self.Vh, self._step_store(), self.s_missed,
+                     self.s_step_bytes, self.s_attended, workspaces, group=self.G,
+                     elem_bytes=self.info.kv_element_bytes)
+        shape = (B, Hq // self.G, self.G, S, d)
+        return Selection(keys=self.Kh.view(shape), values=self.Vh.view(shape), key_count=self.s_count,
+                         attended_rows=self.s_attended, kv_bytes=0.0, device_bytes=self.s_step_bytes)
 
     def static_state(self):
-        return [self.B_Q, self.B_K, self.slots, self.Kh, self.Vh, self.lite_t, self.s_hits, self.s_rows]
+        return [self.B_Q, self.B_K, self.slots, self.s_sorted, self.Kh, self.Vh, self.s_lite, self.s_missed]
 
     def finish_static(self):
-        self.hit_sum = float(self.hit_sum) + float(self.s_hits)
+        """hit_rate: each step's 1 - missed / (Hq top_k), summed as (steps - missed rows / (Hq top_k)); the rows'
+        mean (the batch mean of a cache of several rows)."""
+        missed = float(self.s_missed.mean())
+        self.hit_sum = float(self.hit_sum) + self.s_hit_steps - missed / (self.slots.shape[1] * self.k)
         self.hit_steps += self.s_hit_steps
-        self.h2d_rows += float(self.s_rows)
+        self.h2d_rows += missed
         self.steps += self.s_steps
-        self.s_hits.zero_()
-        self.s_rows.zero_()
+        self.s_missed.zero_()
         self.s_hit_steps = self.s_steps = 0
 
     def after_static_step(self, keys, values, length):
