@@ -23,6 +23,8 @@ OUT = ROOT / "docs" / "testing_inventory.md"
 
 # file::function of an earlier collection -> the tests of today that hold its assertions
 MOVED = {
+    # the whole-model benchmark's dry run, in a file of its own (pytest-xdist spreads the two dry runs over workers)
+    "tests/e2e/test_bench_decode.py::test_bench_e2e_dry_run": ["tests/e2e/test_bench_e2e.py::test_bench_e2e_dry_run"],
     "tests/eval/test_memory_table.py::test_the_readme_shows_the_table_the_script_writes": [
         "tests/eval/test_memory_table.py::test_docs_memory_shows_the_table_the_script_writes"],  # the table moved
     # issue 41: LOCKS / the page Oracle by default (no forced sink or recent window) and with both, as parameters

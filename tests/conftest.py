@@ -22,6 +22,20 @@ import submitit  # noqa: E402, F401
 from tests.helpers import WhitespaceTokenizer  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def seeded():
+    """Every test starts from the same global random state, whichever tests ran before it in its worker (pytest-xdist
+    hands files to workers in no fixed order): a test that draws from the global generator draws the same data
+    in every run."""
+    import random
+
+    import numpy as np
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+
+
 @pytest.fixture(scope="session")
 def session_loads():
     """Models and tokenizers loaded once per session, keyed by their `model` config group: what `load_model` and

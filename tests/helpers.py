@@ -107,9 +107,16 @@ def coverage(sel: Selection, q, keys):
     G = Hq // Hkv
     logits = torch.einsum("bhgd,bhld->bhgl", q.view(B, Hkv, G, d).double(), keys.double()) * SCALE
     p = torch.softmax(logits, -1)
-    mask = torch.zeros(B, Hkv, sel.indices.shape[2], L, dtype=torch.bool)
-    mask.scatter_(3, sel.indices, sel.valid)
-    return float((p * mask.expand(B, Hkv, G, L)).sum(-1).mean())
+    return float((p * attended_mask(sel, L).expand(B, Hkv, G, L)).sum(-1).mean())
+
+
+def attended_mask(sel: Selection, length: int) -> torch.Tensor:
+    """[B, Hkv, Gs, length] bool: the tokens a Selection attends. amax, not a plain scatter: masked padding may
+    name a selected token (token 0), and a scatter writes duplicates in no set order."""
+    B, Hkv, Gs, _ = sel.indices.shape
+    mask = torch.zeros(B, Hkv, Gs, length, dtype=torch.int8)
+    mask.scatter_reduce_(3, sel.indices, sel.valid.to(torch.int8), reduce="amax")
+    return mask.bool()
 
 
 HYBRID = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,

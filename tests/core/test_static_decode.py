@@ -193,11 +193,11 @@ def triton_launches(monkeypatch):
     return launches
 
 
-def traced_steps(model, method, budget, options, backend, positions, launches=None):
+def traced_steps(model, method, budget, options, backend, positions, launches=None, prompt_tokens=301):
     """Prefill, then static steps up to max(positions); the captured region (`StaticDecodeStep.forward`) of the
     steps at `positions` is traced -> {position: (aten ops, Triton launches, whether the step runs outside the
     graph)}."""
-    ids = prompt()
+    ids = prompt(prompt_tokens)
     cache = SelectorCache(model, MethodSpec(method, budget, options, backend=backend), measure_coverage=True)
     with torch.inference_mode():
         cache.phase = "prefill"
@@ -261,10 +261,11 @@ def test_static_step_is_replayable_torch(tiny, method, budget, options):
 @pytest.mark.parametrize("method", ["fullkv", "locks", "quest", "rocketkv", "lrqk"])
 def test_static_step_is_replayable_triton(tiny, method, triton_launches):
     """Steps at a page boundary and past it (LRQK, whose step has no pages and whose ring turns every 64 tokens:
-    three consecutive steps)."""
-    positions = (301, 302, 303) if method == "lrqk" else (301, 319, 320, 321)
+    three consecutive steps). A 317-token prompt (19 pages + 13 tokens: the tail of POSITIONS' first step) keeps
+    the interpreted steps before the boundary few."""
+    positions = (301, 302, 303) if method == "lrqk" else (317, 319, 320, 321)
     traces = traced_steps(tiny, method, 128, INTERPRETED_OPTIONS.get(method, {}), "triton", positions,
-                          triton_launches)
+                          triton_launches, prompt_tokens=positions[0])
     assert all(launches for _, launches, _ in traces.values())  # the fused kernels ran inside the step
     check_replayable(traces, method, "triton")
 

@@ -17,6 +17,7 @@ from tests.helpers import (
     SCALE,
     WINDOW,
     D,
+    attended_mask,
     build,
     coverage,
     decode_output,
@@ -86,7 +87,7 @@ def test_budget_at_least_context_equals_fullkv(name, options, Hq, Hkv):
 def test_oracle_coverage_bounds_every_selector(clustered, budget):
     B, Hq, Hkv, L = 2, 8, 2, 700
     keys, values = make_kv(B, Hkv, L, clustered=clustered, seed=budget)
-    q = torch.randn(B, Hq, D) * 2
+    q = torch.randn(B, Hq, D, generator=torch.Generator().manual_seed(budget)) * 2
     oracle = build("oracle", budget, Hq, Hkv)
     prefill(oracle, keys, values, Hq, L)
     cov_oracle = coverage(oracle.select(q, keys, values), q, keys)
@@ -359,9 +360,7 @@ def per_head_coverage(sel, q, keys):
         return torch.ones(B, Hq, dtype=torch.float64), torch.full((B, Hq), float(L), dtype=torch.float64)
     logits = torch.einsum("bhgd,bhld->bhgl", q.view(B, Hkv, G, d).double(), keys.double()) * SCALE
     p = torch.softmax(logits, -1)
-    mask = torch.zeros(B, Hkv, sel.indices.shape[2], L, dtype=torch.bool)
-    mask.scatter_(3, sel.indices, sel.valid)
-    mask = mask.expand(B, Hkv, G, L)
+    mask = attended_mask(sel, L).expand(B, Hkv, G, L)
     return (p * mask).sum(-1).reshape(B, Hq), mask.sum(-1).double().reshape(B, Hq)
 
 
