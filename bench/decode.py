@@ -428,17 +428,13 @@ def selector_step_bytes(selector, sel: Selection, L: int) -> tuple[float, float,
     per batch row, as SelectorCache accounts a step (locks/core/cache.py, locks/core/attention.py): a static step's
     `static_step_cost` plus its `device_bytes` and, when the device counts them, the attended tokens' K/V; an eager
     selection's own metadata / K/V / host bytes."""
-    from locks.core.reference import attended_per_kv_head, paged_attended
+    from locks.core.reference import attended_rows
 
     info = selector.info
     if sel.dense:
         return float(L * info.token_kv_bytes), 0.0, float(L)
-    if sel.attended_rows is not None:  # counted by the selector's own kernel (LRQK's fused step)
-        counted = float(sel.attended_rows.mean())
-    elif sel.pages is None:
-        counted = float(attended_per_kv_head(sel, L).mean())
-    else:
-        counted = float(paged_attended(sel, torch.tensor([L], device=sel.pages.device), L).mean())
+    length = torch.tensor([L], device=sel.pages.device if sel.pages is not None else "cpu")  # read by page lists
+    counted = float(attended_rows(sel, length, L).mean())
     if selector.static_decode_error() is not None:  # an eager selection (the token Oracle)
         kv = sel.kv_bytes if sel.kv_bytes is not None else counted * info.token_kv_bytes
         return float(sel.metadata_bytes + kv), float(sel.h2d_bytes), counted

@@ -6,7 +6,8 @@ Terms, in bytes, for the longest sequence S of the benchmark (prompt plus genera
     weights        parameters of the model built on the meta device x the run's dtype (bf16 on CUDA, fp32 on CPU)
     K/V            rows x layers x 2 x H_kv x d x S x dtype bytes (every layer keeps its whole K/V in the harness)
     method state   rows x sum over layers of Selector.memory_bytes(S)["state"] (summaries, min/max, factors, ...)
-                   and Selector.harness_bytes(S) (what the harness holds beyond: LRQK's hot-cache copy, growth room)
+                   and Selector.harness_bytes(S) (what the harness holds beyond: LRQK's hot-cache copy, growth room;
+                   with static decoding also Selector.static_bytes(S), start_static's buffers)
     stacked rows   a static step over rows of different lengths stacks them (locks/core/batch.py): a second K/V
                    and state while the copy is made (batch_size > 1 and every selector names its row_state)
     prefill        one forward's activations over n = prefill_chunk_size (or S) positions: hidden states, the q/k/v
@@ -49,12 +50,15 @@ class MemoryPlan:
     sequence: int
     rows: int
     device: str
+    chunk: int | None = None  # the prefill chunk the plan assumes (None: the whole prompt in one forward)
 
     def total(self, where: str) -> float:
         return sum(t.bytes for t in self.terms if t.where == where)
 
     def table(self) -> str:
-        lines = [f"Memory plan: {self.rows} row(s) of {self.sequence} tokens on {self.device}", "",
+        prefill = "one forward" if self.chunk is None else f"chunks of {self.chunk} tokens"
+        lines = [f"Memory plan: {self.rows} row(s) of {self.sequence} tokens on {self.device}, prefill in {prefill}",
+                 "",
                  "| term | where | GiB | shrinks with |", "|---|---|---|---|"]
         lines += [f"| {t.name} | {t.where} | {t.bytes / GiB:.3f} | {t.knob} |" for t in self.terms]
         lines += [f"| total | {w} | {self.total(w) / GiB:.3f} | |" for w in ("device", "host") if self.total(w)]
@@ -105,10 +109,27 @@ def sequence_length(bench: dict) -> int:
     return _longest(bench["max_length"]) + int(bench.get("decode_cap") or 512)
 
 
+AUTO_SMALLEST_CHUNK = 256  # prefill_chunk_size=auto tries no chunk below this many tokens
+
+
 def plan_memory(config: dict, model_config_, methods: list, group: int = 1,
-                device: torch.device | None = None) -> MemoryPlan:
+                device: torch.device | None = None, available=None) -> MemoryPlan:
     """The plan of a run (`config`: the resolved run config, `methods`: its MethodSpec) or of a group of `group`
-    runs whose methods are `methods`."""
+    runs whose methods are `methods`. With prefill_chunk_size=auto: the plan of the largest prefill chunk that
+    fits the free memory (`available(where, device)`, default `available_bytes`): the whole prompt, else the powers
+    of two below it down to AUTO_SMALLEST_CHUNK tokens; the smallest when none fits (check_plan then says so)."""
+    if config.get("prefill_chunk_size") != "auto":
+        return _plan(config, model_config_, methods, group, device)
+    S = sequence_length(config["benchmark"])
+    chunks = [None] + [1 << k for k in range((S - 1).bit_length() - 1, AUTO_SMALLEST_CHUNK.bit_length() - 2, -1)]
+    for chunk in chunks:
+        plan = _plan({**config, "prefill_chunk_size": chunk}, model_config_, methods, group, device)
+        if fits(plan, available or available_bytes):
+            break
+    return plan
+
+
+def _plan(config: dict, model_config_, methods: list, group: int, device) -> MemoryPlan:
     from locks.core.cache import config_windows
     from locks.core.registry import MethodSpec
     from locks.core.models import default_device_dtype
@@ -134,6 +155,8 @@ def plan_memory(config: dict, model_config_, methods: list, group: int = 1,
     def infos():  # the harness keeps K/V and state in the run's dtype
         return [LayerInfo(i, Hq, Hkv, d, d ** -0.5, element, sliding_window=w) for i, w in enumerate(windows)]
 
+    static = config.get("static_decode", False)
+    static = cuda if static == "auto" else bool(static)
     state = host = 0.0
     selectors = []
     stackable = True
@@ -142,7 +165,8 @@ def plan_memory(config: dict, model_config_, methods: list, group: int = 1,
         selectors += built
         stackable &= all(s.row_state is not None for s in built)
         per = [s.memory_bytes(S) for s in built]
-        state = max(state, sum(m["state"] for m in per) + sum(s.harness_bytes(S) for s in built))
+        held = sum(m["state"] for m in per) + sum(s.harness_bytes(S) + static * s.static_bytes(S) for s in built)
+        state = max(state, held)
         host = max(host, sum(m["host"] for m in per))
     where = "device" if cuda else "host"
     kv = rows * layers * 2 * Hkv * d * S * element
@@ -151,8 +175,6 @@ def plan_memory(config: dict, model_config_, methods: list, group: int = 1,
         Term("K/V", where, kv, "batch_size, benchmark.context_length"),
         Term("method state", where, rows * state, "batch_size, the method's options"),
     ]
-    static = config.get("static_decode", False)
-    static = cuda if static == "auto" else bool(static)
     if rows > 1 and stackable and static:
         terms.append(Term("stacked rows (copy)", where, kv + rows * state, "batch_size"))
     # a chunk after a cached prefix attends with a boolean mask [chunk, S], and transformers' SDPA then repeats the
@@ -169,7 +191,7 @@ def plan_memory(config: dict, model_config_, methods: list, group: int = 1,
         terms.append(Term("group memos", where, rows * state, "a smaller group"))
     if host:
         terms.append(Term("offloaded K/V (pinned)" if cuda else "offloaded K/V", "host", rows * host, "batch_size"))
-    return MemoryPlan(terms, S, rows, str(device))
+    return MemoryPlan(terms, S, rows, str(device), chunk if chunk < S else None)
 
 
 def available_bytes(where: str, device: torch.device) -> float:
@@ -181,6 +203,11 @@ def available_bytes(where: str, device: torch.device) -> float:
             return next(float(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def fits(plan: MemoryPlan, available=available_bytes) -> bool:
+    device = torch.device(plan.device)
+    return all(plan.total(where) <= available(where, device) for where in ("device", "host") if plan.total(where))
 
 
 def check_plan(plan: MemoryPlan, available=available_bytes) -> None:

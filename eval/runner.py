@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import importlib.metadata
 import json
 import platform
@@ -92,7 +93,7 @@ def prepare_job(config: dict, cfg) -> Job:
     whole sweep."""
     method = check_method(config)
     batch_size(config)
-    check_chunk_size(config.get("prefill_chunk_size"))
+    check_chunk_size(config.get("prefill_chunk_size"), auto=True)
     if not method.selector_class().uses_budget:
         method_cfg = {k: v for k, v in config["method"].items() if k != "budget_mode"}
         config = {**config, "budget": None, "method": {**method_cfg, "budget": None}}
@@ -127,7 +128,9 @@ def run_benchmark(config: dict, cfg) -> dict:
             return stored
         events.record("job_start", job=job.label)
         seed_everything(int(job.config["seed"]))
-        loaded = load_checked(cfg.model, benchmark, lambda: run_plan(job.config, cfg.model, [job.method]))
+        plan = functools.cache(lambda: run_plan(job.config, cfg.model, [job.method]))
+        loaded = load_checked(cfg.model, benchmark, plan)
+        job.config["prefill_chunk_size"] = plan().chunk  # what the plan was checked with (auto: resolved)
         check_context(job.config["benchmark"], loaded)
         with events.timed("samples"):
             samples = benchmark.samples(loaded.tokenizer, int(job.config["seed"]))

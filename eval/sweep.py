@@ -10,6 +10,7 @@ needs it. Each run keeps its own random-number state, as it would in a process o
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -110,8 +111,10 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
     for job in jobs:
         events.record("job_start", job=job.label, group=len(jobs))
     seed_everything(seed)  # what each separate run does first, then the model and the samples
-    loaded = load_checked(cfg.model, benchmark,
-                          lambda: run_plan(config, cfg.model, [job.method for job in jobs], group=len(jobs)))
+    plan = functools.cache(lambda: run_plan(config, cfg.model, [job.method for job in jobs], group=len(jobs)))
+    loaded = load_checked(cfg.model, benchmark, plan)
+    for job in jobs:  # what the plan was checked with (auto: resolved)
+        job.config["prefill_chunk_size"] = plan().chunk
     check_context(config["benchmark"], loaded)
     with events.timed("samples"):
         samples = benchmark.samples(loaded.tokenizer, seed)

@@ -465,9 +465,10 @@ SINGLE_TILE_REDUCTIONS = ("_combine_kernel", "_logz_kernel")
 
 def kernel_sources() -> list[Path]:
     """The files a compile run reads its configurations from: every kernel module (kernel_modules's files), the
-    summaries layout and the model shapes the entry points are called with, and this script."""
+    summaries layout and the model shapes the entry points are called with, and this script. Not the interpreter's
+    patch (locks/kernels/interpreter.py): it changes CPU runs only, never a compiled kernel."""
     files = {*ROOT.glob("locks/kernels/*.py"), *ROOT.glob("*/**/kernels.py"), ROOT / "locks/method/summaries.py",
-             ROOT / "bench/shapes.py", Path(__file__).resolve()}
+             ROOT / "bench/shapes.py", Path(__file__).resolve()} - {ROOT / "locks/kernels/interpreter.py"}
     return sorted(f for f in files if ".venv" not in f.parts)
 
 

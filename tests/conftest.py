@@ -22,6 +22,17 @@ import submitit  # noqa: E402, F401
 from tests.helpers import WhitespaceTokenizer  # noqa: E402
 
 
+# the longest files first: pytest-xdist (`--dist loadfile`) hands files to the workers in collection order, and a
+# long file started last is the whole run's tail
+LONGEST_FIRST = ("tests/e2e/test_bench_e2e.py", "tests/core/test_batch.py", "tests/core/test_static_decode.py",
+                 "tests/e2e/test_bench_decode.py", "tests/e2e/test_grouped.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def seeded():
     """Every test starts from the same global random state, whichever tests ran before it in its worker (pytest-xdist

@@ -204,12 +204,26 @@ class ShadowKVSelector(Selector):
         s, d, H = info.kv_element_bytes, info.head_dim, info.num_kv_heads
         chunks, window, outliers = self._layout(length)
         r = min(self.rank, H * d, length)
-        n_sel = self._plan_for(length, window, outliers, chunks - outliers, 1)[1]  # the first step's, the largest
+        n_sel = self._selected_chunks(length)
         values = chunks * C * d * s * H
         kv = (window + C * outliers + C * n_sel) * info.token_kv_bytes
         state = (length * r + H * r * d + H * (chunks - outliers) * d) * s
         return {"kv": float(kv + (0 if self.offload_values else values)), "state": float(state),
                 "host": float(values if self.offload_values else 0)}
+
+    def harness_bytes(self, length: int) -> float:
+        """The selected chunks' buffer: rebuilt keys and fetched values (the design's device "kv" beyond the window
+        and outliers; a copy of rows the harness's whole cache also holds)."""
+        return float(self._selected_chunks(length) * self.chunk_size * self.info.token_kv_bytes)
+
+    def static_bytes(self, length: int) -> float:
+        """With offloaded values, the static step's two slots of fetched values (start_static)."""
+        return self.harness_bytes(length) if self.offload_values else 0.0
+
+    def _selected_chunks(self, length: int) -> int:
+        """The first step's selected chunks after a prompt of `length` tokens (the most any step selects)."""
+        chunks, window, outliers = self._layout(length)
+        return self._plan_for(length, window, outliers, chunks - outliers, 1)[1]
 
     def _tokens(self, chunk_ids: Tensor) -> Tensor:
         """[B, H, m] chunk ids -> [B, H, m*C] token indices."""

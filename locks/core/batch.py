@@ -194,6 +194,26 @@ def _row_view(stacked, r: int):
                                            if isinstance(getattr(stacked, f.name), Tensor)})
 
 
+def stack_selectors(selectors: list, shared: dict | None = None):
+    """One selector over the rows' selectors of a layer (each naming its `row_state`): a copy of the first whose
+    row-state values are the rows' stacked along the batch axis; each row's selector then holds its row's view of
+    them, so writes through either land in the same tensors. `shared` (kept across the layers of one stack) stacks
+    state the rows' layers share (ShadowKV's RoPE tables) once."""
+    shared = {} if shared is None else shared
+    stacked = copy.copy(selectors[0])
+    for name in stacked.row_state:
+        parts = [getattr(s, name, None) for s in selectors]
+        key = tuple(id(v) for v in parts)
+        if key not in shared or not isinstance(parts[0], Tensor):
+            shared[key] = (_stacked(parts), parts)  # (the parts are kept so that their ids stay theirs)
+        value = shared[key][0]
+        setattr(stacked, name, value)
+        for r, s in enumerate(selectors):
+            if hasattr(s, name) and not isinstance(value, int):  # a row keeps its own width
+                setattr(s, name, _row_view(value, r))
+    return stacked
+
+
 def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
     """One SelectorCache over rows that each started static decoding with the same capacity, every selector naming
     its `row_state`: K/V, selector state, slot and length ([B], row b's) and device counters stacked along the batch
@@ -211,18 +231,7 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
     layers, shared = [], {}
     for i in range(len(rows[0].layers)):
         row_layers = [row.layers[i] for row in rows]
-        selector = copy.copy(row_layers[0].selector)
-        for name in selector.row_state:
-            parts = [getattr(layer.selector, name, None) for layer in row_layers]
-            key = tuple(id(v) for v in parts)  # state the rows' layers share (ShadowKV's RoPE tables) stays shared
-            if key not in shared or not isinstance(parts[0], Tensor):
-                shared[key] = (_stacked(parts), parts)  # (the parts are kept so that their ids stay theirs)
-            value = shared[key][0]
-            setattr(selector, name, value)
-            for r, layer in enumerate(row_layers):
-                if hasattr(layer.selector, name) and not isinstance(value, int):  # a row keeps its own width
-                    setattr(layer.selector, name, _row_view(value, r))
-        layer = SelectorLayer(selector)
+        layer = SelectorLayer(stack_selectors([lay.selector for lay in row_layers], shared))
         layer.device = row_layers[0].device
         layer._k, layer._v = torch.cat([lay._k for lay in row_layers]), torch.cat([lay._v for lay in row_layers])
         layer.length = max(lay.length for lay in row_layers)

@@ -19,13 +19,15 @@ from torch import Tensor
 from locks.errors import ConfigError
 
 
-def check_chunk_size(chunk_size) -> int | None:
-    """prefill_chunk_size: null (the whole prompt in one forward) or a positive number of tokens."""
-    if chunk_size is None:
-        return None
+def check_chunk_size(chunk_size, auto: bool = False) -> int | str | None:
+    """prefill_chunk_size: null (the whole prompt in one forward), a positive number of tokens or, in a run's
+    config (`auto`), "auto": the largest chunk the memory plan fits (eval/memory_plan.py, resolved before the
+    model loads)."""
+    if chunk_size is None or (auto and chunk_size == "auto"):
+        return chunk_size
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
-        raise ConfigError(f"prefill_chunk_size must be null (one forward) or a positive number of tokens "
-                          f"(got {chunk_size!r})")
+        allowed = "null (one forward), auto (from the memory plan)" if auto else "null (one forward)"
+        raise ConfigError(f"prefill_chunk_size must be {allowed} or a positive number of tokens (got {chunk_size!r})")
     return chunk_size
 
 

@@ -91,6 +91,16 @@ def attended_per_kv_head(sel: Selection, length: int) -> Tensor:
     return read.sum(-1).float()
 
 
+def attended_rows(sel: Selection, length: Tensor, capacity: int) -> Tensor:
+    """[B, Hkv] distinct tokens each row's KV head attends in a (non-dense) static Selection: the selector's own
+    count where its kernel made one (`attended_rows`), else a page list's or a token list's union over the group."""
+    if sel.attended_rows is not None:
+        return sel.attended_rows
+    if sel.pages is not None:
+        return paged_attended(sel, length, capacity)
+    return attended_per_kv_head(sel, capacity)
+
+
 def paged_tokens(sel: Selection, length: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
     """A paged Selection as token indices [B, Hkv, Gs, Kp * n] (clamped to the cache) and their validity: the page
     is valid and the token is below the device length."""

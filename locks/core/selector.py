@@ -239,6 +239,11 @@ class Selector(ABC):
         (eval/memory_plan.py) adds them. Default: none."""
         return 0.0
 
+    def static_bytes(self, length: int) -> float:
+        """Device bytes a static decode of this selector holds beyond `harness_bytes` (start_static's buffers), after
+        a prompt of `length` tokens; the memory plan adds them when the run decodes statically. Default: none."""
+        return 0.0
+
     # ----- static decode (CUDA-graph capturable) ------------------------------------------------------------------
 
     def static_decode_error(self) -> str | None:

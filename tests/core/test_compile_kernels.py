@@ -119,9 +119,14 @@ def test_every_kernel_compiles_for_sm90_with_triton_3_6(tmp_path):
 def test_the_sources_hash_covers_every_kernel_module_and_changes_with_them(tmp_path, monkeypatch):
     """A recorded compile stands in for a new one only while sources_sha256 is unchanged: it must cover every module
     with Triton kernels, and any edit to one of them must change it."""
+    import importlib
+
     script = load_script("compile_kernels")
     files = {str(p.relative_to(ROOT)) for p in script.kernel_sources()}
     for module in script.kernel_modules():
+        if not any(type(v).__name__ in ("JITFunction", "InterpretedFunction")
+                   for v in vars(importlib.import_module(module)).values()):
+            continue  # no kernel in it (locks/kernels/interpreter.py: the CPU interpreter's patch)
         path = module.replace(".", "/")
         assert f"{path}.py" in files or f"{path}/__init__.py" in files, module
     before = script.sources_sha256()

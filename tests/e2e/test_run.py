@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from eval import memory_plan, runner
 from eval.results import KILL_AFTER_ROWS, without_timings
 from tests.helpers import run_inprocess
 
@@ -293,6 +294,22 @@ def test_static_decode_run_matches_eager_run(tmp_path, run):
     bad = run(TINY + ["method=oracle", "static_decode=true", "benchmark.num_samples=1"], tmp_path / "oracle")
     assert bad.returncode != 0 and "no static (CUDA-graph) decode path" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_auto_prefill_chunk_is_the_plans(tmp_path, run, monkeypatch):
+    """prefill_chunk_size=auto: the run prefills in the chunk its memory plan chose (here the plan fits only with
+    chunks of at most 512 tokens: 512 of the 1024), and a bad value stops it in one line."""
+    chunks = []
+    generate_rows = runner.generate_rows
+    monkeypatch.setattr(memory_plan, "fits", lambda plan, available=None: (plan.chunk or 1 << 30) <= 512)
+    monkeypatch.setattr(runner, "generate_rows", lambda *a, **k: chunks.append(k["prefill_chunk_size"]) or
+                        generate_rows(*a, **k))
+    args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=1", "benchmark.tasks=[niah_single_1]"]
+    out = run(args + ["prefill_chunk_size=auto"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert chunks == [512]
+    bad = run(args + ["prefill_chunk_size=big"], tmp_path)
+    assert bad.returncode != 0 and "prefill_chunk_size must be null (one forward), auto" in bad.stderr
 
 
 @pytest.mark.parametrize("name,expected", [

@@ -43,8 +43,23 @@ def test_weights_are_counted_exactly_from_the_config():
 def test_the_plan_holds_what_a_sample_holds(name, rows):
     """K/V + method state + host store of the plan against every tensor the rows' caches hold after their prefill
     and decode (S tokens each), within 15 %."""
+    held, planned = held_and_planned(name, rows, static=False)
+    assert held == pytest.approx(planned, rel=0.15), (name, rows, held / planned)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(discover()) if not n.startswith("oracle")])  # (no static path)
+def test_the_plan_holds_what_a_static_decode_holds(name):
+    """static_decode=true: the plan adds each selector's static_bytes (start_static's buffers, e.g. ShadowKV's two
+    slots of fetched values); against every tensor the cache holds when its last static step ends, within 15 %."""
+    held, planned = held_and_planned(name, 1, static=True)
+    assert held == pytest.approx(planned, rel=0.15), (name, held / planned)
+
+
+def held_and_planned(name: str, rows: int, static: bool) -> tuple[int, float]:
+    """(bytes of every tensor the rows' caches hold after decoding -- with `static`, as the last static step ends --,
+    the plan's K/V + method state + host store)."""
     torch.manual_seed(0)
-    config = config_for(name, rows)
+    config = config_for(name, rows, static_decode=static)
     model = LlamaForCausalLM(LlamaConfig(**TINY, attn_implementation=register_attention())).eval()
     plan = plan_memory(config, model.config, [method_spec(config["method"])], device=torch.device("cpu"))
     planned = sum(t.bytes for t in plan.terms if t.name in ("K/V", "method state", "offloaded K/V"))
@@ -54,9 +69,19 @@ def test_the_plan_holds_what_a_sample_holds(name, rows):
     rows_ = [Row(SelectorCache(model, spec), torch.randint(0, TINY["vocab_size"], (1, S - new),
                                                             generator=torch.Generator().manual_seed(r)), new)
              for r in range(rows)]
-    generate_rows(model, rows_)
-    held = tensor_bytes([row.cache for row in rows_]) - tensor_bytes(model.model.rotary_emb)
-    assert held == pytest.approx(planned, rel=0.15), (name, rows, held / planned)
+    at_finish = []
+    finish = SelectorCache.finish_static
+
+    def measured_finish(cache):
+        at_finish.append(tensor_bytes([row.cache for row in rows_]))
+        finish(cache)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(SelectorCache, "finish_static", measured_finish)
+        generate_rows(model, rows_, static_decode=static)
+    assert bool(at_finish) == static, name
+    held = max(at_finish) if static else tensor_bytes([row.cache for row in rows_])
+    return held - tensor_bytes(model.model.rotary_emb), planned
 
 
 def test_a_group_with_lrqk_keeps_every_prompt_query():
@@ -90,6 +115,39 @@ def test_chunked_prefill_shrinks_the_prefill_term():
         [MethodSpec("locks", 2048)], device=torch.device("cuda")).terms if t.name == "prefill activations") / GiB
     assert term() == pytest.approx(121.25, abs=0.01)
     assert term(prefill_chunk_size=8192) == pytest.approx(24.95, abs=0.01)
+
+
+def test_auto_chunk_is_the_largest_whose_plan_fits():
+    """prefill_chunk_size=auto (GLM-4-9B at 128K on a GPU): the whole prompt when its plan fits, else the largest
+    power of two below the sequence whose plan fits (the largest chunk is not always the largest plan), 256 tokens
+    when none does (check_plan then stops the run)."""
+    from transformers import AutoConfig
+
+    from bench.shapes import MODELS
+
+    glm = AutoConfig.for_model(MODELS["glm"][0], **MODELS["glm"][1])
+    config = {**config_for("locks", prefill_chunk_size="auto"), "benchmark": {"name": "ruler", "context_length": 1 << 17}}
+    spec, cuda = [MethodSpec("locks", 2048)], torch.device("cuda")
+
+    def planned(chunk):
+        return plan_memory({**config, "prefill_chunk_size": chunk}, glm, spec, device=cuda)
+
+    def auto(free):
+        return plan_memory(config, glm, spec, device=cuda, available=lambda where, device: free)
+
+    whole = planned(None).total("device")
+    assert planned(None).chunk is None and auto(whole).chunk is None
+    # a chunk below the prompt adds the chunk's mask and GQA's repeated K/V: 64K plans more than one forward
+    assert planned(1 << 16).total("device") > whole > planned(1 << 15).total("device")
+    between = (planned(8192).total("device") + planned(4096).total("device")) / 2
+    for free in (whole - 1, between):
+        largest = max(c for c in (1 << k for k in range(8, 17)) if planned(c).total("device") <= free)
+        assert auto(free).chunk == largest
+    assert largest == 4096 and "prefill in chunks of 4096 tokens" in auto(between).table()
+    smallest = auto(1.0)
+    assert smallest.chunk == 256
+    with pytest.raises(ConfigError, match="memory plan: the run needs 25.1 GiB of device memory"):
+        check_plan(smallest, available=lambda where, device: 1.0)
 
 
 def test_plan_true_prints_the_table_and_loads_no_model(tmp_path, monkeypatch, capsys):

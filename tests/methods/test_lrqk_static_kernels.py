@@ -8,7 +8,7 @@ import torch
 from baselines.lrqk import LRQKSelector, decode_coordinates
 from baselines.lrqk.kernels import lrqk_solve
 from locks.core.reference import attended_per_kv_head
-from locks.core.batch import _row_view, _stacked
+from locks.core.batch import stack_selectors
 from locks.core.selector import LayerInfo, PrefillContext
 from locks.kernels import poisoned
 
@@ -88,12 +88,7 @@ def test_stacked_rows_step_as_each_row_alone(options):
         rows.append(sel)
         alone.append(ref)
         caches.append((torch.cat([keys, pad], 2), torch.cat([values, pad], 2)))
-    stacked = LRQKSelector(rows[0].info, BUDGET, **{**OPTIONS, **options})
-    stacked.__dict__.update(rows[0].__dict__)
-    for name in LRQKSelector.row_state:
-        setattr(stacked, name, _stacked([getattr(s, name) for s in rows]))
-        for r, sel in enumerate(rows):
-            setattr(sel, name, _row_view(getattr(stacked, name), r))
+    stacked = stack_selectors(rows)
     keys, values = torch.cat([k for k, _ in caches]), torch.cat([v for _, v in caches])
     gen = torch.Generator().manual_seed(7)
     k, n = stacked.k, stacked.n

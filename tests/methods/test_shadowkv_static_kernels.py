@@ -7,7 +7,7 @@ import torch
 
 from baselines.shadowkv import ShadowKVSelector
 from baselines.shadowkv.kernels import shadow_scores
-from locks.core.batch import _stacked
+from locks.core.batch import stack_selectors
 from locks.core.selector import LayerInfo, PrefillContext
 from locks.kernels import poisoned
 
@@ -102,11 +102,7 @@ def test_stacked_rows_step_as_each_row_alone(backend, mode, options):
         pad = keys.new_zeros(1, H, capacity - L, D)
         rows.append((sel, torch.cat([keys, pad], 2), torch.cat([values, pad], 2)))
         alone.append(ref)
-    stacked = ShadowKVSelector(rows[0][0].info, budget, budget_mode=mode,
-                               **{k: v for k, v in options.items() if k != "rope"})
-    stacked.__dict__.update(rows[0][0].__dict__)
-    for name in ShadowKVSelector.row_state:
-        setattr(stacked, name, _stacked([getattr(s, name) for s, _, _ in rows]))
+    stacked = stack_selectors([s for s, _, _ in rows])
     stacked._host_of = None
     keys, values = torch.cat([k for _, k, _ in rows]), torch.cat([v for _, _, v in rows])
     gen = torch.Generator().manual_seed(7)
