@@ -222,4 +222,5 @@ def check_plan(plan: MemoryPlan, available=available_bytes) -> None:
             largest = max((t for t in plan.terms if t.where == where), key=lambda t: t.bytes)
             raise ConfigError(f"memory plan: the run needs {need / GiB:.1f} GiB of {where} memory and "
                               f"{free / GiB:.1f} GiB are free; the largest term is {largest.name} "
-                              f"({largest.bytes / GiB:.1f} GiB): reduce {largest.knob} (`+plan=true` prints the plan)")
+                              f"({largest.bytes / GiB:.1f} GiB); it shrinks with {largest.knob} "
+                              f"(`+plan=true` prints the plan)")

@@ -97,7 +97,7 @@ def test_a_plan_that_does_not_fit_names_its_largest_term_and_knob():
     plan = MemoryPlan([Term("weights", "host", 2 * GiB, "a smaller model"),
                        Term("prefill activations", "host", 5 * GiB, "prefill_chunk_size")], S, 1, "cpu")
     with pytest.raises(ConfigError, match=r"needs 7.0 GiB of host memory and 4.0 GiB are free; the largest term is "
-                                          r"prefill activations \(5.0 GiB\): reduce prefill_chunk_size"):
+                                          r"prefill activations \(5.0 GiB\); it shrinks with prefill_chunk_size"):
         check_plan(plan, available=lambda where, device: 4 * GiB)
     check_plan(plan, available=lambda where, device: 8 * GiB)
 
