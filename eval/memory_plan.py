@@ -82,10 +82,21 @@ def model_config(model_cfg):
     return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def run_plan(config: dict, model_cfg, methods: list, group: int = 1) -> MemoryPlan:
+def run_plan(config: dict, model_cfg, methods: list, group: int = 1,
+             device: torch.device | None = None) -> MemoryPlan:
     """The plan of a run or group of the configured model (`model_cfg`: conf/model/*.yaml; its files checked first
-    by the caller, so that a missing checkpoint is its own error)."""
-    return plan_memory(config, model_config(model_cfg), methods, group)
+    by the caller, so that a missing checkpoint is its own error) on `device` (default: this machine's)."""
+    return plan_memory(config, model_config(model_cfg), methods, group, device)
+
+
+SLURM_BASE_GIB = 8  # a job's host memory beyond its plan: the interpreter, torch and CUDA, tokenizer, data
+
+
+def slurm_mem_gb(plan: MemoryPlan) -> int:
+    """Host memory to request for a SLURM job (--mem, GiB) from its plan: the host terms, the weights (read through
+    host memory on their way to a GPU; on a CPU job they are a host term already) and SLURM_BASE_GIB, rounded up."""
+    weights = sum(t.bytes for t in plan.terms if t.name == "weights" and t.where == "device")
+    return int(-(-(plan.total("host") + weights) // GiB)) + SLURM_BASE_GIB
 
 
 def parameter_count(config) -> int:

@@ -37,7 +37,7 @@ class GroupedSlurmLauncherConf:
     partition: Optional[str] = None
     gpus_per_node: Optional[int] = 1
     cpus_per_task: int = 8
-    mem_gb: int = 64
+    mem_gb: Optional[int] = None  # host GiB per job; null: from the largest group's memory plan (eval/memory_plan.py)
     timeout_min: int = 240
     max_num_timeout: int = 3
     array_parallelism: int = 16
@@ -95,6 +95,26 @@ def run_groups(jobs: list, skip_invalid: bool = False) -> list:
         for i, metrics in zip(members, out):
             results[i] = metrics
     return results
+
+
+def planned_mem_gb(jobs: list, groups: list[list[int]], gpus_per_node) -> int:
+    """Host GiB for every job of the array (one --mem for all): `slurm_mem_gb` of the largest group's plan, each
+    planned for the node's device (CUDA when the jobs get a GPU) before anything is submitted. A chunk size of
+    `auto` is planned as one forward (its host terms are the same; the node picks its chunk when the job starts)."""
+    import torch
+
+    from eval.memory_plan import SLURM_BASE_GIB, run_plan, slurm_mem_gb
+    from eval.runner import method_spec
+
+    device = torch.device("cuda" if gpus_per_node else "cpu")
+    need = SLURM_BASE_GIB
+    for members in groups:
+        config, cfg, _ = jobs[members[0]]
+        if config.get("prefill_chunk_size") == "auto":
+            config = {**config, "prefill_chunk_size": None}
+        plan = run_plan(config, cfg.model, [method_spec(jobs[i][0]["method"]) for i in members], len(members), device)
+        need = max(need, slurm_mem_gb(plan))
+    return need
 
 
 def _checkpointable():
@@ -192,10 +212,12 @@ class GroupedSlurmLauncher(GroupedLauncher):
         groups = [[valid[k] for k in members] for members in group_jobs([jobs[i][0] for i in valid])]
         log.info(f"Submitting {len(groups)} SLURM job(s), one per group, for {len(jobs)} sweep jobs")
         p = self.params
+        mem_gb = p["mem_gb"] if p["mem_gb"] is not None else planned_mem_gb(jobs, groups, p["gpus_per_node"])
+        log.info(f"Requesting {mem_gb} GB of host memory per job")
         executor = submitit.AutoExecutor(folder=str(sweep_dir / ".submitit" / "%j"), cluster="slurm",
                                          slurm_max_num_timeout=p["max_num_timeout"])
         executor.update_parameters(
-            name=p["name"], timeout_min=p["timeout_min"], cpus_per_task=p["cpus_per_task"], mem_gb=p["mem_gb"],
+            name=p["name"], timeout_min=p["timeout_min"], cpus_per_task=p["cpus_per_task"], mem_gb=mem_gb,
             slurm_partition=p["partition"], gpus_per_node=p["gpus_per_node"], slurm_setup=list(p["setup"]),
             slurm_array_parallelism=p["array_parallelism"], tasks_per_node=1, nodes=1)
         submitted = executor.map_array(GroupTask(), [[jobs[i] for i in members] for members in groups])

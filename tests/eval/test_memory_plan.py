@@ -161,3 +161,24 @@ def test_plan_true_prints_the_table_and_loads_no_model(tmp_path, monkeypatch, ca
     out = capsys.readouterr().out
     assert rc == 0 and "| weights | host |" in out and "| offloaded K/V | host |" in out
     assert not list(tmp_path.glob("*/predictions.jsonl"))
+
+
+def test_slurm_mem_gb_comes_from_the_plan():
+    """grouped_slurm without mem_gb: --mem is the largest group's host terms, plus the weights on a GPU job (read
+    through host memory on their way), plus 8 GiB, in whole GiB; each group planned for the node's device."""
+    from hydra_plugins.locks_grouped_launcher.grouped_launcher import planned_mem_gb
+
+    from eval.memory_plan import slurm_mem_gb
+
+    gpu = MemoryPlan([Term("weights", "device", 10 * GiB, ""), Term("K/V", "device", 30 * GiB, ""),
+                      Term("offloaded K/V (pinned)", "host", 5.5 * GiB, "")], S, 1, "cuda")
+    cpu = MemoryPlan([Term("weights", "host", 3 * GiB, ""), Term("K/V", "host", 1 * GiB, "")], S, 1, "cpu")
+    assert slurm_mem_gb(gpu) == 16 + 8 and slurm_mem_gb(cpu) == 4 + 8
+    jobs = []
+    for name in ("fullkv", "lrqk"):
+        config = config_for(name, prefill_chunk_size="auto")
+        jobs.append((config, OmegaConf.create(config), {}))
+    for gpus, device in ((1, "cuda"), (None, "cpu")):
+        plans = [plan_memory({**c, "prefill_chunk_size": None}, LlamaConfig(**c["model"]["config"]),
+                             [method_spec(c["method"])], 1, torch.device(device)) for c, _, _ in jobs]
+        assert planned_mem_gb(jobs, [[0], [1]], gpus) == max(slurm_mem_gb(p) for p in plans)
