@@ -216,22 +216,28 @@ def available_bytes(where: str, device: torch.device) -> float:
         return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def fits(plan: MemoryPlan, available=available_bytes) -> bool:
+def shortfall(plan: MemoryPlan, available=available_bytes) -> tuple[str, float, float] | None:
+    """(where, bytes needed, bytes free) of the first memory, device then host, the plan needs more of than is free;
+    None when it fits."""
     device = torch.device(plan.device)
-    return all(plan.total(where) <= available(where, device) for where in ("device", "host") if plan.total(where))
+    for where in ("device", "host"):
+        need = plan.total(where)
+        if need and need > (free := available(where, device)):
+            return where, need, free
+    return None
+
+
+def fits(plan: MemoryPlan, available=available_bytes) -> bool:
+    return shortfall(plan, available) is None
 
 
 def check_plan(plan: MemoryPlan, available=available_bytes) -> None:
     """Stop with one line when the plan needs more device or host memory than is free."""
-    device = torch.device(plan.device)
-    for where in ("device", "host"):
-        need = plan.total(where)
-        if not need:
-            continue
-        free = available(where, device)
-        if need > free:
-            largest = max((t for t in plan.terms if t.where == where), key=lambda t: t.bytes)
-            raise ConfigError(f"memory plan: the run needs {need / GiB:.1f} GiB of {where} memory and "
-                              f"{free / GiB:.1f} GiB are free; the largest term is {largest.name} "
-                              f"({largest.bytes / GiB:.1f} GiB); it shrinks with {largest.knob} "
-                              f"(`+plan=true` prints the plan)")
+    short = shortfall(plan, available)
+    if short is None:
+        return
+    where, need, free = short
+    largest = max((t for t in plan.terms if t.where == where), key=lambda t: t.bytes)
+    raise ConfigError(f"memory plan: the run needs {need / GiB:.1f} GiB of {where} memory and {free / GiB:.1f} GiB "
+                      f"are free; the largest term is {largest.name} ({largest.bytes / GiB:.1f} GiB); it shrinks "
+                      f"with {largest.knob} (`+plan=true` prints the plan)")

@@ -110,6 +110,18 @@ def coverage(sel: Selection, q, keys):
     return float((p * attended_mask(sel, L).expand(B, Hkv, G, L)).sum(-1).mean())
 
 
+def stacked_step_inputs(keys: torch.Tensor, values: torch.Tensor, prompt_lengths, step: int, gen: torch.Generator,
+                        query_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode step `step` of rows stacked from prompts of `prompt_lengths` tokens: each row's new token's K/V
+    (random, from `gen`) written in place at its own position -> (lengths [B], queries [B, query_heads, d])."""
+    length = torch.tensor([L + step + 1 for L in prompt_lengths])
+    H, d = keys.shape[1], keys.shape[3]
+    for r in range(len(prompt_lengths)):
+        keys[r, :, int(length[r]) - 1] = torch.randn(H, d, generator=gen)
+        values[r, :, int(length[r]) - 1] = torch.randn(H, d, generator=gen)
+    return length, torch.randn(len(prompt_lengths), query_heads, d, generator=gen)
+
+
 def attended_mask(sel: Selection, length: int) -> torch.Tensor:
     """[B, Hkv, Gs, length] bool: the tokens a Selection attends. amax, not a plain scatter: masked padding may
     name a selected token (token 0), and a scatter writes duplicates in no set order."""

@@ -7,10 +7,11 @@ import torch
 
 from baselines.lrqk import LRQKSelector, decode_coordinates
 from baselines.lrqk.kernels import lrqk_solve
-from locks.core.reference import attended_per_kv_head
 from locks.core.batch import stack_selectors
+from locks.core.reference import attended_per_kv_head
 from locks.core.selector import LayerInfo, PrefillContext
 from locks.kernels import poisoned
+from tests.helpers import stacked_step_inputs
 
 H, G, D = 2, 3, 32
 OPTIONS = dict(rank=8, lite_tokens=8)
@@ -93,11 +94,7 @@ def test_stacked_rows_step_as_each_row_alone(options):
     gen = torch.Generator().manual_seed(7)
     k, n = stacked.k, stacked.n
     for step in range(10):
-        length = torch.tensor([L + step + 1 for L in lengths])
-        for r in range(2):
-            keys[r, :, int(length[r]) - 1] = torch.randn(H, D, generator=gen)
-            values[r, :, int(length[r]) - 1] = torch.randn(H, D, generator=gen)
-        query = torch.randn(2, H * G, D, generator=gen)
+        length, query = stacked_step_inputs(keys, values, lengths, step, gen, H * G)
         with poisoned():
             fused = stacked.select_static(query, keys, values, length)
         for r, (sel, ref) in enumerate(zip(rows, alone)):

@@ -10,6 +10,7 @@ from baselines.shadowkv.kernels import shadow_scores
 from locks.core.batch import stack_selectors
 from locks.core.selector import LayerInfo, PrefillContext
 from locks.kernels import poisoned
+from tests.helpers import stacked_step_inputs
 
 H, G, D = 2, 3, 32
 
@@ -107,11 +108,7 @@ def test_stacked_rows_step_as_each_row_alone(backend, mode, options):
     keys, values = torch.cat([k for _, k, _ in rows]), torch.cat([v for _, _, v in rows])
     gen = torch.Generator().manual_seed(7)
     for step in range(5):
-        length = torch.tensor([n + step + 1 for n in lengths])
-        for r in range(2):
-            keys[r, :, int(length[r]) - 1] = torch.randn(H, D, generator=gen)
-            values[r, :, int(length[r]) - 1] = torch.randn(H, D, generator=gen)
-        query = torch.randn(2, H * G, D, generator=gen)
+        length, query = stacked_step_inputs(keys, values, lengths, step, gen, H * G)
         with poisoned():
             both = _compacted(stacked.select_static(query, keys, values, length))
         for r, ref in enumerate(alone):
