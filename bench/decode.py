@@ -428,13 +428,13 @@ def selector_step_bytes(selector, sel: Selection, L: int) -> tuple[float, float,
     per batch row, as SelectorCache accounts a step (locks/core/cache.py, locks/core/attention.py): a static step's
     `static_step_cost` plus its `device_bytes` and, when the device counts them, the attended tokens' K/V; an eager
     selection's own metadata / K/V / host bytes."""
-    from locks.core.reference import attended_rows
+    from locks.core.reference import attended_mean
 
     info = selector.info
     if sel.dense:
         return float(L * info.token_kv_bytes), 0.0, float(L)
     length = torch.tensor([L], device=sel.pages.device if sel.pages is not None else "cpu")  # read by page lists
-    counted = float(attended_rows(sel, length, L).mean())
+    counted = float(attended_mean(sel, length, L).mean())
     if selector.static_decode_error() is not None:  # an eager selection (the token Oracle)
         kv = sel.kv_bytes if sel.kv_bytes is not None else counted * info.token_kv_bytes
         return float(sel.metadata_bytes + kv), float(sel.h2d_bytes), counted

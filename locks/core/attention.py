@@ -19,7 +19,7 @@ from transformers.masking_utils import sdpa_mask
 
 from locks.core.batch import RowBatch, row_attention
 from locks.core.cache import SOFTCAP_ERROR
-from locks.core.reference import (add_sinks, attended_per_kv_head, attended_rows, dense_attention, dense_lse,
+from locks.core.reference import (add_sinks, attended_mean, attended_per_kv_head, dense_attention, dense_lse,
                                   lse_with_sinks, paged_tokens, sparse_decode)
 from locks.core.paging import CERTIFICATE_NAMES
 from locks.core.selector import PrefillContext, Selection, StepStats, check_finite, row_length
@@ -268,7 +268,7 @@ def static_decode_step(query: Tensor, keys: Tensor, values: Tensor, cache, layer
         if sel.dense:
             attended = length.to(torch.float64).expand(B)
         else:
-            attended = attended_rows(sel, length, C).mean(-1).to(torch.float64)
+            attended = attended_mean(sel, length, C)
         cache.static_attended[layer_idx].add_(attended)
         if sel.kv_bytes is None:  # else the selector's static_step_cost names the step's K/V bytes
             cache.static_bytes[layer_idx, :, 1].add_(attended * cache.infos[layer_idx].token_kv_bytes)

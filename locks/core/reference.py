@@ -91,14 +91,15 @@ def attended_per_kv_head(sel: Selection, length: int) -> Tensor:
     return read.sum(-1).float()
 
 
-def attended_rows(sel: Selection, length: Tensor, capacity: int) -> Tensor:
-    """[B, Hkv] distinct tokens each row's KV head attends in a (non-dense) static Selection: the selector's own
-    count where its kernel made one (`attended_rows`), else a page list's or a token list's union over the group."""
+def attended_mean(sel: Selection, length: Tensor, capacity: int) -> Tensor:
+    """[B] each row's distinct attended tokens per KV head, averaged over its KV heads, in a (non-dense) static
+    Selection: the selector's own count where its kernel made one (`attended_rows`, in its own dtype), else a page
+    list's or a token list's union over the group (float64)."""
     if sel.attended_rows is not None:
-        return sel.attended_rows
+        return sel.attended_rows.mean(-1)
     if sel.pages is not None:
-        return paged_attended(sel, length, capacity)
-    return attended_per_kv_head(sel, capacity)
+        return paged_attended(sel, length, capacity).mean(-1).to(torch.float64)
+    return attended_per_kv_head(sel, capacity).mean(-1).to(torch.float64)
 
 
 def paged_tokens(sel: Selection, length: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
