@@ -3,14 +3,13 @@ schema and have the schema's type, else one ConfigError line names the key, what
 
 The schema is the project's own configuration, not a second copy of it: the top-level keys and their types are
 those of conf/config.yaml, a config group's are those of the group file the run chose (conf/<group>/<choice>.yaml,
-plus what a chosen +experiment preset adds), and a method's options are the keyword parameters of its selector's
-constructor, typed by their defaults (docs/architecture.md). A None default or an interpolation accepts any value.
+plus what a chosen +experiment preset adds), and a method's options are the fields of its selector's `Options`
+dataclass, typed by their defaults (docs/architecture.md). A None default or an interpolation accepts any value.
 """
 from __future__ import annotations
 
 import copy
 import functools
-import inspect
 from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -98,17 +97,11 @@ def _parsed(path: Path, mtime_ns: int) -> dict:
 
 
 def method_schema(name: str) -> tuple[dict, str]:
-    """A method's keys and typed defaults: its selector constructor's keyword parameters."""
+    """A method's keys and typed defaults: the fields of its selector's Options (locks/core/options.py)."""
     from locks.core.registry import selector_class
 
     cls = selector_class(name)
-    params = inspect.signature(cls.__init__).parameters
-    schema = dict(METHOD_KEYS)
-    for p in params.values():
-        if p.name in ("self", "info", "budget") or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        schema[p.name] = None if p.default is inspect.Parameter.empty else p.default
-    return schema, f"the options of {cls.__module__}.{cls.__name__}"
+    return {**METHOD_KEYS, **cls.Options.defaults()}, f"the options of {cls.Options.__module__}.{cls.Options.__name__}"
 
 
 def check_config(cfg: DictConfig, choices: dict | None = None) -> None:

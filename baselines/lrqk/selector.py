@@ -59,7 +59,7 @@ Deviations from the official code (tenghuilee/LRQK @ f3b843f, `lrqk_attention.py
 """
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -68,6 +68,7 @@ from torch import Tensor
 
 from locks.core.buffers import grown
 from locks.core.host_rows import device_view, gather_missed_rows
+from locks.core.options import Options, flag, integer, number, one_of, option, positive_int
 from locks.core.reference import take_rows
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
@@ -219,16 +220,22 @@ def _single_threaded_on_cpu(method):
 
 # ----- the selector --------------------------------------------------------------------------------------------------
 
-def _positive_int(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"method.{name} must be an integer >= {minimum} (got {value!r})")
-    return value
-
-
-def _nonneg_float(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"method.{name} must be a finite number >= 0 (got {value!r})")
-    return float(value)
+@dataclass(frozen=True)
+class LRQKOptions(Options):
+    rank: int = option(32, positive_int)  # r of the query/key factors (at most head_dim)
+    lite_tokens: int = option(64, positive_int, attr="n")  # the newest tokens, always attended
+    max_iter_prefill: int = option(2, integer(0))
+    max_iter_decode: int = option(2, positive_int)
+    tol_prefill: float = option(1e-2, number(0))
+    tol_decode: float = option(1e-2, number(0))
+    lambda_q: float = option(1.0, number(0))
+    lambda_k: float = option(1.0, number(0))
+    lambda_1: float = option(1.0, number(0))
+    lambda_2: float = option(1.0, number(0))
+    init: str = option("randn", one_of(*INITS))
+    prefill_order: str = option("official", one_of(*PREFILL_ORDERS))
+    candidate_off_by_one: bool = option(True, flag, attr="off_by_one")
+    seed: int = option(42, integer())
 
 
 @register
@@ -236,32 +243,12 @@ class LRQKSelector(Selector):
     name = "lrqk"
     display_name = "LRQK"
     report_order = 7
+    Options = LRQKOptions
 
-    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 32,
-                 lite_tokens: int = 64, max_iter_prefill: int = 2, max_iter_decode: int = 2,
-                 tol_prefill: float = 1e-2, tol_decode: float = 1e-2, lambda_q: float = 1.0, lambda_k: float = 1.0,
-                 lambda_1: float = 1.0, lambda_2: float = 1.0, init: str = "randn", prefill_order: str = "official",
-                 candidate_off_by_one: bool = True, seed: int = 42):
-        super().__init__(info, budget, budget_mode)
-        self.rank = _positive_int(rank, "rank")
-        self.n = _positive_int(lite_tokens, "lite_tokens")
-        self.max_iter_prefill = _positive_int(max_iter_prefill, "max_iter_prefill", 0)
-        self.max_iter_decode = _positive_int(max_iter_decode, "max_iter_decode")
-        self.tol_prefill = _nonneg_float(tol_prefill, "tol_prefill")
-        self.tol_decode = _nonneg_float(tol_decode, "tol_decode")
-        self.lambda_q, self.lambda_k = _nonneg_float(lambda_q, "lambda_q"), _nonneg_float(lambda_k, "lambda_k")
-        self.lambda_1, self.lambda_2 = _nonneg_float(lambda_1, "lambda_1"), _nonneg_float(lambda_2, "lambda_2")
-        if init not in INITS:
-            raise ConfigError(f"method.init must be one of {INITS} (got {init!r})")
-        if prefill_order not in PREFILL_ORDERS:
-            raise ConfigError(f"method.prefill_order must be one of {PREFILL_ORDERS} (got {prefill_order!r})")
-        if not isinstance(candidate_off_by_one, bool):
-            raise ConfigError(f"method.candidate_off_by_one must be true or false (got {candidate_off_by_one!r})")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"method.seed must be an integer (got {seed!r})")
-        self.init, self.prefill_order, self.off_by_one, self.seed = init, prefill_order, candidate_off_by_one, seed
+    def __init__(self, info: LayerInfo, budget: int, **options):
+        super().__init__(info, budget, **options)
         self.r = min(self.rank, info.head_dim)
-        if budget_mode == "fair":
+        if self.budget_mode == "fair":
             if self.budget <= self.n:
                 raise ConfigError(f"budget={self.budget} must exceed method.lite_tokens={self.n} in budget_mode=fair "
                                   f"(top_k = budget - lite_tokens)")

@@ -44,10 +44,13 @@ Deviations from the official code:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from locks.core.buffers import grown
+from locks.core.options import Options, integer, one_of, option, positive_int
 from locks.core.page_bounds import fold_into_page
 from locks.core.paging import pages_to_tokens
 from locks.core.registry import register
@@ -59,33 +62,30 @@ GQA_MODES = ("per_head", "group")
 GROUP_REDUCE = ("max", "sum")
 
 
+@dataclass(frozen=True)
+class QuestOptions(Options):
+    page_size: int = option(16, positive_int)  # P tokens per page
+    dense_layers: int = option(2, integer(0))  # the first layers attend densely and keep no metadata
+    page_rule: str = option("kernel", one_of(*PAGE_RULES))
+    gqa: str = option("per_head", one_of(*GQA_MODES))
+    group_reduce: str = option("max", one_of(*GROUP_REDUCE))  # gqa=group: how the G heads' bounds combine
+
+    def check_budget(self, budget):
+        if budget < self.page_size:
+            raise ConfigError(f"budget must be >= method.page_size={self.page_size} tokens for quest (got {budget})")
+
+
 @register
 class QuestSelector(Selector):
     name = "quest"
     display_name = "Quest"
     report_order = 4
     row_state = ("_max", "_min")
+    Options = QuestOptions
 
-    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
-                 dense_layers: int = 2, page_rule: str = "kernel", gqa: str = "per_head", group_reduce: str = "max"):
-        super().__init__(info, budget, budget_mode)
-        if not isinstance(page_size, int) or page_size < 1:
-            raise ConfigError(f"method.page_size must be a positive integer (got {page_size!r})")
-        if budget < page_size:
-            raise ConfigError(f"budget must be >= method.page_size={page_size} tokens for quest (got {budget})")
-        if not isinstance(dense_layers, int) or dense_layers < 0:
-            raise ConfigError(f"method.dense_layers must be an integer >= 0 (got {dense_layers!r})")
-        if page_rule not in PAGE_RULES:
-            raise ConfigError(f"method.page_rule must be one of {PAGE_RULES} (got {page_rule!r})")
-        if gqa not in GQA_MODES:
-            raise ConfigError(f"method.gqa must be one of {GQA_MODES} (got {gqa!r})")
-        if group_reduce not in GROUP_REDUCE:
-            raise ConfigError(f"method.group_reduce must be one of {GROUP_REDUCE} (got {group_reduce!r})")
-        self.page_size = page_size
-        self.page_rule = page_rule
-        self.gqa = gqa
-        self.group_reduce = group_reduce
-        self.dense = info.layer_idx < dense_layers
+    def __init__(self, info: LayerInfo, budget: int, **options):
+        super().__init__(info, budget, **options)
+        self.dense = info.layer_idx < self.dense_layers
         self.length = 0  # tokens folded into the metadata
         self._max: Tensor | None = None  # [B, Hkv, capacity pages, d], keys' dtype
         self._min: Tensor | None = None

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from locks.core.buffers import resized
+from locks.core.options import Options, number, odd_positive_int, one_of, option, positive_int
 from locks.core.page_bounds import fold_into_page
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector
@@ -170,31 +171,31 @@ def survivor_scores(q: Tensor, kmin: Tensor, kmax: Tensor, r_ch, cs, n, capacity
     return torch.where(token < n, key, -1 - token)
 
 
+@dataclass(frozen=True)
+class RocketKVOptions(Options):
+    params: str = option("accuracy", one_of(*VARIANTS), attr="variant")  # the official script's stage settings
+    # the share of log c given to stage 1 (None: min(0.2 + 0.06 log2 c, 0.8))
+    alpha: float | None = option(None, number(0, 1, allow_none=True))
+    window: int = option(32, positive_int)  # SnapKV++'s observation window of prompt queries
+    pool_kernel: int = option(63, odd_positive_int)  # SnapKV++'s pooling of the window's scores
+
+    def check_budget(self, budget):
+        if self.budget_mode == "paper" and budget < 2:
+            raise ConfigError(f"budget must be >= 2 in budget_mode=paper (k = budget // 2 tokens are attended; "
+                              f"got {budget})")
+
+
 @register
 class RocketKVSelector(Selector):
     name = "rocketkv"
     display_name = "RocketKV"
     report_order = 6
+    Options = RocketKVOptions
 
-    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", params: str = "accuracy",
-                 alpha: float | None = None, window: int = 32, pool_kernel: int = 63):
-        super().__init__(info, budget, budget_mode)
-        if params not in VARIANTS:
-            raise ConfigError(f"method.params must be one of {VARIANTS} (got {params!r})")
-        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1):
-            raise ConfigError(f"method.alpha must be null or a number in [0, 1] (got {alpha!r})")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ConfigError(f"method.window must be a positive integer (got {window!r})")
-        if isinstance(pool_kernel, bool) or not isinstance(pool_kernel, int) or pool_kernel < 1 or pool_kernel % 2 == 0:
-            raise ConfigError(f"method.pool_kernel must be an odd positive integer (got {pool_kernel!r})")
-        if budget_mode == "paper" and budget < 2:
-            raise ConfigError(f"budget must be >= 2 in budget_mode=paper (k = budget // 2 tokens are attended; got {budget})")
-        self.variant = params
-        self.alpha = None if alpha is None else float(alpha)
-        self.window = window
-        self.pool_kernel = pool_kernel
+    def __init__(self, info: LayerInfo, budget: int, **options):
+        super().__init__(info, budget, **options)
         # fair: attend at most `budget` tokens = the paper's decomposition of a traffic budget 2 * budget
-        self.traffic_budget = 2 * self.budget if budget_mode == "fair" else self.budget
+        self.traffic_budget = 2 * self.budget if self.budget_mode == "fair" else self.budget
         self.params: RocketParams | None = None
         self.prompt_len = 0
         self.kept = 0  # prompt tokens surviving stage 1 per KV head

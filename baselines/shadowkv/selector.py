@@ -60,11 +60,13 @@ Deviations from the official code (bytedance/ShadowKV @ a21f5a9):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from locks.core.host_rows import device_view, gather_missed_rows
+from locks.core.options import Options, flag, integer, one_of, option, or_literal, positive_int
 from locks.core.reference import take_rows
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, PrefillContext, Selection, Selector
@@ -84,42 +86,32 @@ def chunk_outlier_scores(keys: Tensor, C: int, chunks: int) -> tuple[Tensor, Ten
     return means, (unit * unit_mean.unsqueeze(3)).sum(-1).amin(dim=-1)
 
 
+@dataclass(frozen=True)
+class ShadowKVOptions(Options):
+    rank: int = option(160, positive_int)  # rank of the pre-RoPE key SVD
+    chunk_size: int = option(8, positive_int)  # tokens per chunk (one landmark each)
+    local_chunks: int = option(4, integer(0))  # the newest chunks, always attended
+    outlier_chunks: int | str = option(48, or_literal(integer(0), "auto"), attr="outlier_option")
+    align_chunks_to_8: bool = option(False, flag)
+    landmark_scale: str = option("official", one_of(*LANDMARK_SCALES))
+    offload_values: bool = option(True, flag)  # values live on the host and are fetched per step
+
+    def check_budget(self, budget):
+        if self.budget_mode == "paper" and budget % self.chunk_size:
+            raise ConfigError(f"budget must be a multiple of method.chunk_size={self.chunk_size} in budget_mode=paper "
+                              f"(got {budget})")
+
+
 @register
 class ShadowKVSelector(Selector):
     name = "shadowkv"
     display_name = "ShadowKV"
     report_order = 5
+    Options = ShadowKVOptions
 
-    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", rank: int = 160, chunk_size: int = 8,
-                 local_chunks: int = 4, outlier_chunks: int | str = 48, align_chunks_to_8: bool = False,
-                 landmark_scale: str = "official", offload_values: bool = True):
-        super().__init__(info, budget, budget_mode)
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ConfigError(f"method.rank must be a positive integer (got {rank!r})")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ConfigError(f"method.chunk_size must be a positive integer (got {chunk_size!r})")
-        if isinstance(local_chunks, bool) or not isinstance(local_chunks, int) or local_chunks < 0:
-            raise ConfigError(f"method.local_chunks must be an integer >= 0 (got {local_chunks!r})")
-        if outlier_chunks != "auto" and (isinstance(outlier_chunks, bool) or not isinstance(outlier_chunks, int)
-                                         or outlier_chunks < 0):
-            raise ConfigError(f"method.outlier_chunks must be an integer >= 0 or 'auto' (got {outlier_chunks!r})")
-        if not isinstance(align_chunks_to_8, bool):
-            raise ConfigError(f"method.align_chunks_to_8 must be true or false (got {align_chunks_to_8!r})")
-        if landmark_scale not in LANDMARK_SCALES:
-            raise ConfigError(f"method.landmark_scale must be one of {LANDMARK_SCALES} (got {landmark_scale!r})")
-        if not isinstance(offload_values, bool):
-            raise ConfigError(f"method.offload_values must be true or false (got {offload_values!r})")
-        if budget_mode == "paper" and self.budget % chunk_size:
-            raise ConfigError(f"budget must be a multiple of method.chunk_size={chunk_size} in budget_mode=paper "
-                              f"(got {self.budget})")
-        self.rank = rank
-        self.chunk_size = chunk_size
-        self.local_chunks = local_chunks
-        self.outlier_option = outlier_chunks
-        self.align_chunks_to_8 = align_chunks_to_8
-        self.landmark_scale = landmark_scale
-        self.offload_values = offload_values
-        self.scale = 1.0 / math.sqrt(128) if landmark_scale == "official" else 1.0 / math.sqrt(info.head_dim)
+    def __init__(self, info: LayerInfo, budget: int, **options):
+        super().__init__(info, budget, **options)
+        self.scale = 1.0 / math.sqrt(128) if self.landmark_scale == "official" else 1.0 / math.sqrt(info.head_dim)
         self.prompt_len = 0
         self.hit_rates: list[float] = []
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from locks.core.selector import LayerInfo, Selection, Selector, log2_is_int, row_length
+from locks.core.options import Options, integer, one_of, option, power_of_two
+from locks.core.selector import Selection, Selector, row_length
 from locks.errors import ConfigError
 
 AGGREGATIONS = ("norm", "raw", "max")
@@ -177,6 +178,19 @@ class CoverageCertificate:
         return self._weighted(self._sums({"certificate_sound": ok.double()}, per_row))
 
 
+@dataclass(frozen=True)
+class PageOptions(Options):
+    page_size: int = option(16, power_of_two)  # n tokens per page
+    recent_window: int = option(0, integer(0))  # fair mode: the newest pages covering this many tokens are forced
+    sink_pages: int = option(0, integer(0))  # fair mode: the first pages are forced
+    aggregation: str = option("norm", one_of(*AGGREGATIONS))  # how the G query heads' page scores combine
+
+    def check_budget(self, budget):
+        if budget < self.page_size:
+            raise ConfigError(f"budget must be >= method.page_size={self.page_size} tokens for a page selector "
+                              f"(got {budget})")
+
+
 class PageSelector(Selector):
     """Forced set + per-KV-head top-k pages by aggregated score. Subclasses implement `page_scores`.
 
@@ -186,22 +200,7 @@ class PageSelector(Selector):
 
     diagnostic_names = CERTIFICATE_NAMES
     row_state = ()
-
-    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair", page_size: int = 16,
-                 recent_window: int = 0, sink_pages: int = 0, aggregation: str = "norm"):
-        super().__init__(info, budget, budget_mode)
-        if not log2_is_int(page_size):
-            raise ConfigError(f"method.page_size must be a power of two (got {page_size})")
-        if budget < page_size:
-            raise ConfigError(f"budget must be >= method.page_size={page_size} tokens for a page selector (got {budget})")
-        if recent_window < 0 or sink_pages < 0:
-            raise ConfigError(f"method.recent_window and method.sink_pages must be >= 0 (got {recent_window}, {sink_pages})")
-        if aggregation not in AGGREGATIONS:
-            raise ConfigError(f"method.aggregation must be one of {AGGREGATIONS} (got {aggregation!r})")
-        self.page_size = page_size
-        self.recent_window = recent_window
-        self.sink_pages = sink_pages
-        self.aggregation = aggregation
+    Options = PageOptions
 
     @abstractmethod
     def page_scores(self, query: Tensor, keys: Tensor, num_pages: int) -> Tensor:

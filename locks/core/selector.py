@@ -29,7 +29,6 @@ separately in `Selection.forced_tokens`, and metadata traffic in `Selection.meta
 from __future__ import annotations
 
 import copy
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -37,6 +36,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
+from locks.core.options import Options
 from locks.errors import ConfigError
 
 
@@ -186,14 +186,18 @@ class Selector(ABC):
     # row. None: its rows cannot be stacked (each row then steps on its own).
     row_state: ClassVar[tuple[str, ...] | None] = None
 
-    def __init__(self, info: LayerInfo, budget: int, budget_mode: str = "fair"):
+    Options: ClassVar[type[Options]] = Options  # its config keys (locks/core/options.py)
+
+    def __init__(self, info: LayerInfo, budget: int, **options):
+        """`options`: the method's config keys, checked by its `Options`; each becomes an attribute of the selector."""
         if budget is None or budget <= 0:
             raise ConfigError(f"budget must be a positive number of tokens (got {budget})")
-        if budget_mode not in ("fair", "paper"):
-            raise ConfigError(f"method.budget_mode must be 'fair' or 'paper' (got {budget_mode!r})")
+        self.options = self.Options.build(options)
+        self.options.check_budget(int(budget))
         self.info = info
         self.budget = int(budget)
-        self.budget_mode = budget_mode
+        for name, value in self.options.attributes().items():
+            setattr(self, name, value)
         # Tokens permanently evicted at prefill are False here (None = nothing evicted). [B, Hkv, L]
         self.alive: Tensor | None = None
 
@@ -330,6 +334,3 @@ def check_finite(name: str, x: Tensor) -> None:
     if not torch.isfinite(x).all():
         raise ConfigError(f"{name} contain NaN or inf; the model or its weights are broken (check model.dtype)")
 
-
-def log2_is_int(n: int) -> bool:
-    return n > 0 and (1 << int(math.log2(n))) == n

@@ -7,10 +7,12 @@ forced set and takes the top pages. Summaries are built in one batch at prefill 
 decode, when a page's last token arrives (A2); the partial page is attended densely until then.
 """
 import functools
+from dataclasses import dataclass
 
 import torch
 
-from locks.core.paging import PageSelector, aggregate_heads
+from locks.core.options import integer, one_of, option
+from locks.core.paging import PageOptions, PageSelector, aggregate_heads
 from locks.core.registry import register
 from locks.errors import ConfigError
 from locks.method.layouts import SummaryLayout
@@ -29,35 +31,47 @@ from locks.method.summaries import (
 LOG_Z = ("exact", "previous")  # normalized aggregation: this step's log Z (two passes) or the previous one's (one pass)
 
 
+@dataclass(frozen=True)
+class LocksOptions(PageOptions):
+    rank: int = option(8, integer(0))  # r: the summary's rank, 0 <= r < page_size
+    quant: str = option("int", one_of("int", "none"))  # int: the quantized layout below | none: fp32 summaries
+    # the quantized layout's switches (locks/method/layouts.py); the default is the fused kernels' 804 B/page
+    v_bits: int = 4
+    v_group: int = 0
+    c_bits: int = 8
+    mu_format: str = "head_int8"
+    w_dtype: str = "fp32"
+    log_z: str = option("exact", one_of(*LOG_Z))
+
+    @property
+    def layout(self) -> SummaryLayout:
+        return SummaryLayout(self.v_bits, self.v_group, self.c_bits, self.mu_format, self.w_dtype)
+
+    def check(self):
+        if not self.rank < self.page_size:
+            raise ConfigError(f"method.rank must satisfy 0 <= rank < method.page_size={self.page_size} "
+                              f"(got {self.rank})")
+        layout = self.layout  # checks its switches
+        if self.quant == "none" and not layout.is_default:
+            raise ConfigError(f"method.quant=none keeps fp32 summaries: the layout switches (v_bits, v_group, c_bits, "
+                              f"mu_format, w_dtype) need method.quant=int (got {layout.name})")
+        if self.log_z == "previous" and self.aggregation == "raw":
+            raise ConfigError("method.log_z=previous applies to aggregation norm or max (raw has no log Z)")
+
+
 @register
 class LocksSelector(PageSelector):
     name = "locks"
     display_name = "LOCKS"
     report_order = 3
     row_state = ("summaries", "static_log_z")  # static_log_z: log_z=previous only
+    Options = LocksOptions
 
-    def __init__(self, info, budget, budget_mode="fair", page_size=16, rank=8, recent_window=0, sink_pages=0,
-                 aggregation="norm", quant="int", v_bits=4, v_group=0, c_bits=8, mu_format="head_int8",
-                 w_dtype="fp32", log_z="exact"):
-        super().__init__(info, budget, budget_mode, page_size, recent_window, sink_pages, aggregation)
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < page_size:
-            raise ConfigError(f"method.rank must satisfy 0 <= rank < method.page_size={page_size} (got {rank})")
-        if quant not in ("int", "none"):
-            raise ConfigError(f"method.quant must be 'int' or 'none' (got {quant!r})")
-        self.rank = rank
-        self.quant = quant
-        # the quantized layout's switches (locks/method/layouts.py); the default is the fused kernels' 804 B/page
-        self.layout = SummaryLayout(v_bits, v_group, c_bits, mu_format, w_dtype)
-        if quant == "none" and not self.layout.is_default:
-            raise ConfigError(f"method.quant=none keeps fp32 summaries: the layout switches (v_bits, v_group, c_bits, "
-                              f"mu_format, w_dtype) need method.quant=int (got {self.layout.name})")
-        if quant == "int":
-            self.layout.check(info.head_dim, page_size)
-        if log_z not in LOG_Z:
-            raise ConfigError(f"method.log_z must be one of {LOG_Z} (got {log_z!r})")
-        if log_z == "previous" and aggregation == "raw":
-            raise ConfigError("method.log_z=previous applies to aggregation norm or max (raw has no log Z)")
-        self.log_z = log_z
+    def __init__(self, info, budget, **options):
+        super().__init__(info, budget, **options)
+        self.layout = self.options.layout
+        if self.quant == "int":
+            self.layout.check(info.head_dim, self.page_size)
         self.prev_log_z = None  # log_z=previous: [B, Hq] the log Z of the last scoring (prefill: the last prompt query)
         self.summaries = None
         self.pages_built = 0

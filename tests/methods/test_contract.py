@@ -261,13 +261,20 @@ def test_shared_matrix_shapes_determinism_and_bytes(name, options):
 @pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "conf" / "method").glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_every_method_config_builds_its_selector(path):
-    """conf/method/<name>.yaml: every option is a constructor argument, the name is registered, backend is valid."""
+    """conf/method/<name>.yaml: the name is registered, backend is valid, and it sets every option of the selector's
+    Options at its default (an interpolation, such as the run's seed, stands for its default)."""
     from omegaconf import OmegaConf
 
     from eval.runner import method_spec
+    from locks.core.registry import selector_class
 
     cfg = OmegaConf.to_container(OmegaConf.load(path))
     assert cfg["name"] == path.stem and cfg["budget"] == "${budget}" and cfg["backend"] == "auto"
+    options = {k: v for k, v in cfg.items() if k not in ("name", "budget", "backend")}
+    defaults = selector_class(path.stem).Options.defaults()
+    assert options.keys() == defaults.keys()
+    assert {k: v for k, v in options.items() if not str(v).startswith("${")} == \
+        {k: defaults[k] for k, v in options.items() if not str(v).startswith("${")}
     cfg["budget"] = 512
     for key in [k for k, v in cfg.items() if isinstance(v, str) and v.startswith("${")]:
         cfg[key] = 42  # other interpolations (e.g. the run's seed)
