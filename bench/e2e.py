@@ -17,16 +17,18 @@ exact layout (`--prefill-state random`, GPU default: timing depends on the layou
 minutes of GPU time at 1M tokens) or computed (`--prefill-state real`, dry-run default); everything else (Quest's
 min/max, ShadowKV's outliers and landmarks, RocketKV's survivors, the host stores) is the selector's own.
 
-`--batch 1 4 16` runs each (shape, context) at B equal-length rows per step (one static step captured per batch
-shape): the weights are read once per step and every row's K/V, so KV bytes outweigh weight bytes as B grows.
+`--batch 1 4 16` runs each (shape, context) at B equal-length rows per step, each row a cache of its own as the eval
+runner batches samples (one static step captured per batch shape, over the rows stacked: locks/core/batch.py): the
+weights are read once per step and every row's K/V, so KV bytes outweigh weight bytes as B grows.
 
 Per (shape, context, batch, method), records of kind "e2e":
   ms_graph      median of --reps replays of the captured step at one position (CUDA events; a replay at a fixed
                 position rewrites the same slot, so repeating it is exact), captured without the device-side count
                 of attended tokens (Quest's per-head union: accounting, not part of the method)
   ms_eager      median of a few eager runs of the same static step (Python + kernel launches)
-  ms_per_token  wall time per step over --tokens steps: replay + host upkeep (LOCKS summarizes each completed
-                page) + the greedy argmax + the accounting; tokens_per_s = B * 1000 / ms_per_token
+  ms_per_token  wall time per step over --tokens steps of the harness's own decode loop (locks/core/generation.py:
+                generate_rows, the capture excluded): replay + host upkeep (LOCKS summarizes each completed page) +
+                the greedy pick read to the host + the accounting; tokens_per_s = B * 1000 / ms_per_token
   bytes_per_step = weight bytes + B x the method's K/V + metadata bytes per row (the harness's accounting),
                 byte_floor_ms at --bandwidth; h2d_bytes_per_step (B x the host-to-device bytes per row: ShadowKV's
                 missed values, LRQK's missed rows) with h2d_floor_ms at the pinned-copy bandwidth measured at the
@@ -140,15 +142,15 @@ def kv_bytes(model, L: int, batch: int = 1) -> int:
     return 2 * batch * L * c.num_key_value_heads * c.head_dim * c.num_hidden_layers * 2
 
 
-def fill_cache(cache, L: int, gen, prefill_state: str, device, dtype, batch: int = 1, max_new_tokens: int = 0) -> None:
-    """Random K/V at every layer for `batch` rows of L tokens (what a prefill would leave), then each selector's own
+def fill_cache(cache, L: int, gen, prefill_state: str, device, dtype, max_new_tokens: int = 0) -> None:
+    """Random K/V at every layer for one row of L tokens (what a prefill would leave), then each selector's own
     prefill on them, its expensive parts as `prefill_state` says (bench/prefill_state.py), with the model's RoPE."""
     import functools
 
     cache.phase = "prefill"
     cache.max_new_tokens = max_new_tokens
     for i, (layer, info) in enumerate(zip(cache.layers, cache.infos)):
-        shape = (batch, info.num_kv_heads, L, info.head_dim)
+        shape = (1, info.num_kv_heads, L, info.head_dim)
         k = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         v = torch.randn(shape, generator=gen, device=device, dtype=dtype)
         layer.update(k, v)
@@ -208,8 +210,8 @@ def profile_step(args, rec: Recorder, base: dict, replay, device) -> None:
 def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, device, dtype, weights: int,
                fullkv: dict | None, batch: int = 1, h2d_bps: float | None = None) -> dict | None:
     from locks.core.cache import SelectorCache
+    from locks.core.generation import Row, generate_rows, static_step
     from locks.core.registry import MethodSpec
-    from locks.core.static_decode import StaticDecodeStep
 
     base = dict(shape=shape, context=L, method=method, budget=args.budget, batch=batch)
     tag = f"[{shape} L={L} B={batch}]"
@@ -220,30 +222,34 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         torch.cuda.reset_peak_memory_stats()
     allocated = torch.cuda.memory_allocated() if cuda else 0
     options = DRY_OPTIONS.get(method, {}) if args.dry_run else {}
-    cache = SelectorCache(model, MethodSpec(name, args.budget, options, backend=backend))
-    fill_cache(cache, L, gen, args.prefill_state, device, dtype, batch, max_new_tokens=args.tokens + 2)
-    step = StaticDecodeStep(model, cache, batch, L + args.tokens + 2, cuda_graph=cuda)
-    memory = dict(cache_and_state_bytes=torch.cuda.memory_allocated() - allocated if cuda else None)
-    design = [layer.selector.memory_bytes(L) for layer in cache.layers]
-    memory["design_bytes"] = {part: batch * sum(m[part] for m in design) for part in ("kv", "state", "host")}
     vocab = model.config.vocab_size
-    token = torch.randint(0, vocab, (batch,), generator=gen, device=device)
-
-    def place(position):
-        step.input_ids.copy_(token.view(batch, 1))
-        step.position_ids.fill_(position)
-        cache.set_static_position(position)
+    rows = []
+    for _ in range(batch):  # each row its own cache, as the eval runner batches samples (docs/batching.md)
+        cache = SelectorCache(model, MethodSpec(name, args.budget, options, backend=backend))
+        fill_cache(cache, L, gen, args.prefill_state, device, dtype, max_new_tokens=args.tokens + 1)
+        # the random K/V stand for a prompt of L tokens (its ids are never read) and random logits for its last one
+        rows.append(Row(cache, torch.zeros((1, L), dtype=torch.long, device=device), args.tokens + 1,
+                        prefill_logits=torch.randn(1, vocab, generator=gen, device=device)))
+    step = static_step(model, rows, cuda_graph=cuda)
+    caches = [row.cache for row in rows]
+    memory = dict(cache_and_state_bytes=torch.cuda.memory_allocated() - allocated if cuda else None)
+    design = [layer.selector.memory_bytes(L) for layer in caches[0].layers]
+    memory["design_bytes"] = {part: batch * sum(m[part] for m in design) for part in ("kv", "state", "host")}
 
     with torch.inference_mode():
-        place(L)
-        # each block leaves the counters and the selectors' static_state as they were: runs of a step at one
-        # position then repeat the first one exactly (LRQK's solver and ShadowKV's buffer carry over otherwise)
-        with cache.static_counters_kept():
-            eager = time_ms(step.forward, device, args.eager_reps)
-        with cache.static_counters_kept():
+        # --tokens steps of the harness's decode loop; the first captures the graph on CUDA (not decode time)
+        generate_rows(model, rows, static_decode=True, step=step)
+        per_token = 1e3 * sum(row.decode_seconds for row in rows) / args.tokens
+        # the next position: the step replayed (the decode's graph) against the same static step run eagerly;
+        # each block leaves the counters and the selectors' static_state as they were, so runs of a step at one
+        # position repeat the first one exactly (LRQK's solver and ShadowKV's buffer carry over otherwise)
+        position = L + args.tokens
+        step.place(torch.tensor([row.tokens[-1] for row in rows], device=device),
+                   position if batch == 1 else [position] * batch)
+        with step.cache.static_counters_kept():
             eager_logits = step.forward().float().clone()
-        logits = step(token, L).float()  # captures on CUDA, then replays; the cache now holds L + 1 tokens
-        cache.stats.steps += 1
+        with step.cache.static_counters_kept():
+            logits = step.replay().float().clone()
         err = rel_err(logits, eager_logits)
         ok = bool(torch.isfinite(logits).all()) and err <= 1e-2
         rec.write(dict(kind="check", **base, check="graph_vs_eager_logits", max_rel_err=err, ok=ok))
@@ -251,31 +257,22 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
               f"{'ok' if ok else 'FAILED'}", flush=True)
         if not ok:
             rec.failures.append(f"{shape} L={L} {method}: graph vs eager logits {err:.2e}")
-        position = L + 1
-        token = logits.argmax(-1)
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(args.tokens):
-            logits = step(token, position)
-            cache.stats.steps += 1
-            position += 1
-            token = logits.argmax(-1)
-        sync(device)
-        per_token = 1e3 * (time.perf_counter() - t0) / args.tokens
-        cache.finish_static()
+        with step.cache.static_counters_kept():
+            eager = time_ms(step.forward, device, args.eager_reps)
         # the step alone: recaptured without the device-side accounting, replayed at one position
-        cache.device_accounting = False
-        place(position)
+        for cache in {id(c): c for c in (*caches, step.step_cache)}.values():
+            cache.device_accounting = False
         if step.cuda_graph:
-            step._capture()
-        replay = step.graph.replay if step.graph is not None else step.forward
-        with cache.static_counters_kept():
-            graph = time_ms(replay, device, args.reps)
+            step.recapture()
+        with step.cache.static_counters_kept():
+            graph = time_ms(step.replay, device, args.reps)
             if cuda:  # one replay's transient memory above what the run holds
-                memory["step_peak_bytes"] = step_peak_bytes(replay, device)
+                memory["step_peak_bytes"] = step_peak_bytes(step.replay, device)
             if args.profile_reps > 0:
-                profile_step(args, rec, base, replay, device)
-    stats = cache.stats.summary()  # per row: the weights are read once per step, the K/V and metadata per row
+                profile_step(args, rec, base, step.replay, device)
+    summaries = [cache.stats.summary() for cache in caches]
+    stats = {key: statistics.fmean(s[key] for s in summaries)  # per row, averaged over the rows
+             for key in ("bytes_read_per_step", "h2d_bytes_per_step", "attended_tokens_per_step")}
     step_bytes = weights + batch * stats["bytes_read_per_step"]
     h2d = batch * stats["h2d_bytes_per_step"]
     h2d_floor = 1e3 * h2d / h2d_bps if h2d_bps else 0.0

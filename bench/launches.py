@@ -166,9 +166,7 @@ def count_step(model, method: str, backend: str, batch: int, coverage: bool, bud
         token = torch.zeros(batch, dtype=torch.long, device=device)
         for k in range(40):
             position = lengths[0] + k if batch == 1 else [n + k for n in lengths]
-            step.input_ids.copy_(token.view(-1, 1))
-            step.position_ids.copy_(torch.tensor(position, device=device).view(-1, 1).expand(batch, 1))
-            rows.set_static_position(position)
+            step.place(token, position)
             if k >= 4 and not rows.static_host_step:
                 counter = LaunchCounter()
                 with counter.hooks(model), counter:

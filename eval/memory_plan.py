@@ -8,8 +8,9 @@ Terms, in bytes, for the longest sequence S of the benchmark (prompt plus genera
     method state   rows x sum over layers of Selector.memory_bytes(S)["state"] (summaries, min/max, factors, ...)
                    and Selector.harness_bytes(S) (what the harness holds beyond: LRQK's hot-cache copy, growth room;
                    with static decoding also Selector.static_bytes(S), start_static's buffers)
-    stacked rows   a static step over rows of different lengths stacks them (locks/core/batch.py): a second K/V
-                   and state while the copy is made (batch_size > 1 and every selector names its row_state)
+    stacked rows   a static step over rows of different lengths stacks them (locks/core/batch.py), layer by layer:
+                   one layer's K/V and state twice while it is copied (batch_size > 1 and every selector names its
+                   row_state)
     prefill        one forward's activations over n = prefill_chunk_size (or S) positions: hidden states, the q/k/v
                    projections, the MLP's gate, up and product (n x intermediate x 3), the chunk's boolean mask
                    (n x S) and, when chunked, the K/V heads SDPA repeats for GQA under a mask, the last logits
@@ -168,7 +169,7 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
 
     static = config.get("static_decode", False)
     static = cuda if static == "auto" else bool(static)
-    state = host = 0.0
+    state = host = layer_state = 0.0
     selectors = []
     stackable = True
     for spec in methods:
@@ -178,6 +179,8 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
         per = [s.memory_bytes(S) for s in built]
         held = sum(m["state"] for m in per) + sum(s.harness_bytes(S) + static * s.static_bytes(S) for s in built)
         state = max(state, held)
+        layer_state = max([layer_state] + [m["state"] + s.harness_bytes(S) + static * s.static_bytes(S)
+                                           for s, m in zip(built, per)])
         host = max(host, sum(m["host"] for m in per))
     where = "device" if cuda else "host"
     kv = rows * layers * 2 * Hkv * d * S * element
@@ -187,7 +190,7 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
         Term("method state", where, rows * state, "batch_size, the method's options"),
     ]
     if rows > 1 and stackable and static:
-        terms.append(Term("stacked rows (copy)", where, kv + rows * state, "batch_size"))
+        terms.append(Term("stacked rows (one layer's copy)", where, kv / layers + rows * layer_state, "batch_size"))
     # a chunk after a cached prefix attends with a boolean mask [chunk, S], and transformers' SDPA then repeats the
     # K/V heads for GQA (S x H_q x d, keys and values) instead of enable_gqa
     attention = chunk * S + 2 * S * Hq * d * element if chunk < S else 0  # one forward: causal, no mask

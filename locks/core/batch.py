@@ -228,6 +228,11 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
     for name in ROW_COUNTERS:
         setattr(stacked, name, torch.cat([getattr(row, name) for row in rows], dim=1))
     stacked.static_diagnostics = [torch.cat(c) for c in zip(*(row.static_diagnostics for row in rows))]
+    for r, row in enumerate(rows):
+        row.static_position, row.static_length = stacked.static_position[r : r + 1], stacked.static_length[r : r + 1]
+        for name in ROW_COUNTERS:
+            setattr(row, name, getattr(stacked, name)[:, r : r + 1])
+        row.static_diagnostics = [c[r : r + 1] for c in stacked.static_diagnostics]
     layers, shared = [], {}
     for i in range(len(rows[0].layers)):
         row_layers = [row.layers[i] for row in rows]
@@ -239,15 +244,12 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
         layer.static_position = stacked.static_position
         layer.static_rows = torch.arange(B, device=layer._k.device)  # the row index of each slot write
         layers.append(layer)
+        # each row's layer views the stacked K/V at once, so its own buffers are freed layer by layer: the stack
+        # costs one layer's K/V above the rows', not a second copy of all of them
+        for r, row_layer in enumerate(row_layers):
+            row_layer._k, row_layer._v = layer._k[r : r + 1], layer._v[r : r + 1]
+            row_layer.static_position = rows[r].static_position
     stacked.layers = layers
-    for r, row in enumerate(rows):
-        row.static_position, row.static_length = stacked.static_position[r : r + 1], stacked.static_length[r : r + 1]
-        for name in ROW_COUNTERS:
-            setattr(row, name, getattr(stacked, name)[:, r : r + 1])
-        row.static_diagnostics = [c[r : r + 1] for c in stacked.static_diagnostics]
-        for layer, big in zip(row.layers, layers):
-            layer._k, layer._v = big._k[r : r + 1], big._v[r : r + 1]
-            layer.static_position = row.static_position
     stacked.row_caches, stacked.static_host_rows, stacked.static_host_step = list(rows), [], False
     stacked.stats = None  # each row accounts into its own cache's stats
     return stacked

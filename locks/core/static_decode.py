@@ -52,24 +52,39 @@ class StaticDecodeStep:
         return self.model(input_ids=self.input_ids, position_ids=self.position_ids, cache=self.step_cache,
                           sparse_cache=self.step_cache, use_cache=True).logits[:, -1]
 
-    def __call__(self, token: Tensor, position: int | list[int]) -> Tensor:
+    def place(self, token: Tensor, position: int | list[int]) -> None:
+        """Write a step's input into the static buffers: token [B], position one int or one per row."""
         self.input_ids.copy_(token.view(-1, 1))
         if isinstance(position, int):
             self.position_ids.fill_(position)
         else:
             self.position_ids.copy_(torch.tensor(position, dtype=torch.long).view(-1, 1))
         self.cache.set_static_position(position)
+
+    def __call__(self, token: Tensor, position: int | list[int]) -> Tensor:
+        self.place(token, position)
         if self.cuda_graph and not self.cache.static_host_step:
             if self.graph is None:
-                start = time.perf_counter()
-                self._capture()
-                self.capture_seconds += time.perf_counter() - start
-            self.graph.replay()
-            logits = self.logits
+                self.recapture()
+            logits = self.replay()
         else:
             logits = self.forward()
         self.cache.finish_static_step()
         return logits
+
+    def replay(self) -> Tensor:
+        """The step at the placed position without its host upkeep: the captured graph, or `forward` if none."""
+        if self.graph is None:
+            return self.forward()
+        self.graph.replay()
+        return self.logits
+
+    def recapture(self) -> None:
+        """Capture the step at the placed position, again after a change to what it computes (bench/e2e.py turns
+        the accounting off); the time goes to `capture_seconds`."""
+        start = time.perf_counter()
+        self._capture()
+        self.capture_seconds += time.perf_counter() - start
 
     def _capture(self) -> None:
         if self.cache.static_host_step:

@@ -57,12 +57,12 @@ def test_sparse_budget_reads_fewer_bytes(tiny):
     assert 0 < s["coverage" if s["coverage"] is not None else "attended_tokens_per_step"]
 
 
-def test_batch_of_equal_length_prompts_matches_single_rows(tiny):
+def test_generate_decodes_one_sample_per_cache(tiny):
+    """Several samples decode as rows of their own caches (generate_rows, tests/core/test_batch.py); one cache with
+    two prompts is refused in one line that says so."""
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 250), generator=torch.Generator().manual_seed(4))
-    both, _ = greedy(tiny, ids, 12, "locks", 96)
-    for row in range(2):
-        single, _ = greedy(tiny, ids[row:row + 1], 12, "locks", 96)
-        assert torch.equal(both[row, : single.shape[1]], single[0])
+    with pytest.raises(ConfigError, match="one sample per cache .*generate_rows"):
+        greedy(tiny, ids, 12, "locks", 96)
 
 
 def test_left_padding_raises_a_clear_error(tiny):
