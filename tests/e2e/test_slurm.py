@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from eval.memory_plan import SLURM_BASE_GIB
 from eval.results import without_timings
 from tests.helpers import assert_records_close
 
@@ -25,9 +26,9 @@ SCRIPT = ROOT / "scripts" / "slurm_local.sh"
 JOB_NAME = f"locks_slurm_test_{os.getpid()}"
 SWEEP = ["model=tiny_random_llama", "benchmark.context_length=1024", "benchmark.num_samples=1",
          "benchmark.tasks=[niah_single_1]", "logger=none", "method=locks,oracle", "budget=64,128"]
-# small resources on the local cluster (no GPU there); both jobs of a 2-CPU machine run at once
+# small resources on the local cluster (no GPU there); both jobs of a 2-CPU machine run at once; --mem from the plan
 RESOURCES = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.cpus_per_task=1",
-             "hydra.launcher.mem_gb=2", "hydra.launcher.timeout_min=10", "hydra.launcher.array_parallelism=4",
+             "hydra.launcher.timeout_min=10", "hydra.launcher.array_parallelism=4",
              f"hydra.launcher.name={JOB_NAME}"]
 SUBMIT_TIMEOUT_S = 240
 
@@ -77,6 +78,8 @@ def test_sweep_on_slurm_runs_each_job_once_and_skips_finished_ones(slurm_cluster
     assert all("skipped" not in text for text in logs.values())
     sbatch = next((tmp_path / "sweep" / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "export WANDB_MODE=offline" in sbatch and "#SBATCH --array=0-3%4" in sbatch
+    # mem_gb null: the largest job's memory plan, under 1 GiB for the tiny model, rounded up, plus the base
+    assert f"#SBATCH --mem={SLURM_BASE_GIB + 1}GB" in sbatch and "the largest job's memory plan" in first.stdout + first.stderr
     assert sys.executable in sbatch  # the jobs run this interpreter (the venv's python)
 
     runs = sorted(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
