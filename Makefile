@@ -44,7 +44,7 @@ run: install ## the default job: LOCKS at 128 tokens on the embedded model, RULE
 	$(PY) run.py method=locks budget=128
 
 # the two tiers (docs/testing.md): `make test` before every commit, `make test-slow` in CI (.ci/run runs both)
-test: install ## the default test tier on CPU, everything but the slow tier (about 12-16 min on 2 cores)
+test: install ## the default test tier on CPU, everything but the slow tier (about 9-16 min on 2 cores)
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=20
 
 test-slow: install gemma ## the slow tier: the SLURM cluster (started when missing), kernel compiles, real-model identities
