@@ -244,8 +244,7 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         # each block leaves the counters and the selectors' static_state as they were, so runs of a step at one
         # position repeat the first one exactly (LRQK's solver and ShadowKV's buffer carry over otherwise)
         position = L + args.tokens
-        step.place(torch.tensor([row.tokens[-1] for row in rows], device=device),
-                   position if batch == 1 else [position] * batch)
+        step.place(torch.tensor([row.tokens[-1] for row in rows], device=device), [position] * batch)
         with step.cache.static_counters_kept():
             eager_logits = step.forward().float().clone()
         with step.cache.static_counters_kept():
@@ -260,7 +259,7 @@ def run_method(args, rec: Recorder, model, shape: str, L: int, method: str, devi
         with step.cache.static_counters_kept():
             eager = time_ms(step.forward, device, args.eager_reps)
         # the step alone: recaptured without the device-side accounting, replayed at one position
-        for cache in {id(c): c for c in (*caches, step.step_cache)}.values():
+        for cache in (*caches, step.step_cache):
             cache.device_accounting = False
         if step.cuda_graph:
             step.recapture()

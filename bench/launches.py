@@ -142,8 +142,8 @@ def count_step(model, method: str, backend: str, batch: int, coverage: bool, bud
     """Prefill `batch` rows (row r: a prompt of prompt + 7 r random tokens, so rows have their own lengths), step
     them statically past the first few steps, and count one replayable step -> {"aten", "kernels", "triton":
     {layer or "outside": count}, "position": the counted step's slot in row 0}."""
-    from locks.core.batch import RowBatch
     from locks.core.cache import SelectorCache
+    from locks.core.generation import decode_cache
     from locks.core.registry import MethodSpec
     from locks.core.static_decode import StaticDecodeStep
 
@@ -160,12 +160,11 @@ def count_step(model, method: str, backend: str, batch: int, coverage: bool, bud
             model(input_ids=ids, cache=cache, sparse_cache=cache, use_cache=True, logits_to_keep=1)
             caches.append(cache)
             lengths.append(ids.shape[1])
-        rows = caches[0] if batch == 1 else RowBatch(caches)
-        step = StaticDecodeStep(model, rows, batch, lengths[0] + 64 if batch == 1 else [n + 64 for n in lengths],
-                                cuda_graph=False)
+        rows = decode_cache(caches)
+        step = StaticDecodeStep(model, rows, batch, [n + 64 for n in lengths], cuda_graph=False)
         token = torch.zeros(batch, dtype=torch.long, device=device)
         for k in range(40):
-            position = lengths[0] + k if batch == 1 else [n + k for n in lengths]
+            position = [n + k for n in lengths]
             step.place(token, position)
             if k >= 4 and not rows.static_host_step:
                 counter = LaunchCounter()

@@ -177,10 +177,10 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
         selectors += built
         stackable &= all(s.row_state is not None for s in built)
         per = [s.memory_bytes(S) for s in built]
-        held = sum(m["state"] for m in per) + sum(s.harness_bytes(S) + static * s.static_bytes(S) for s in built)
+        layer_held = [m["state"] + s.harness_bytes(S) + static * s.static_bytes(S) for s, m in zip(built, per)]
+        held = sum(layer_held)
         state = max(state, held)
-        layer_state = max([layer_state] + [m["state"] + s.harness_bytes(S) + static * s.static_bytes(S)
-                                           for s, m in zip(built, per)])
+        layer_state = max([layer_state] + layer_held)
         host = max(host, sum(m["host"] for m in per))
     where = "device" if cuda else "host"
     kv = rows * layers * 2 * Hkv * d * S * element

@@ -92,9 +92,7 @@ def decode_cache(caches: list[SelectorCache]) -> SelectorCache | RowBatch:
 
 def static_step(model, rows: list[Row], cuda_graph: bool = True) -> StaticDecodeStep:
     """A static step (CUDA graph on CUDA) over the rows' prefilled caches, preallocated for each row's generation."""
-    if len(rows) == 1:
-        return StaticDecodeStep(model, rows[0].cache, 1, rows[0].capacity, cuda_graph)
-    return StaticDecodeStep(model, RowBatch([r.cache for r in rows]), len(rows), [r.capacity for r in rows],
+    return StaticDecodeStep(model, decode_cache([r.cache for r in rows]), len(rows), [r.capacity for r in rows],
                             cuda_graph)
 
 
@@ -172,7 +170,7 @@ def generate_rows(model, rows: list[Row], static_decode=False, on_finish: Callab
         tokens = torch.tensor([r.tokens[-1] for r in active], device=device)
         positions = [r.position for r in active]
         if step is not None:
-            logits = step(tokens, positions[0] if len(active) == 1 else positions)
+            logits = step(tokens, positions)
         else:
             cache = decode_cache([r.cache for r in active])
             logits = model(input_ids=tokens[:, None], position_ids=torch.tensor(positions, device=device)[:, None],

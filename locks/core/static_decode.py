@@ -22,16 +22,27 @@ from locks.core.batch import RowBatch
 from locks.core.cache import SelectorCache
 
 
+def for_cache(cache: SelectorCache | RowBatch, values: int | list[int]) -> int | list[int]:
+    """One value per row (a capacity, a position) as `cache` takes it: the list for a RowBatch (each row its own),
+    the one value for a SelectorCache (its rows move together)."""
+    if isinstance(values, int) or isinstance(cache, RowBatch):
+        return values
+    if len(set(values)) != 1:
+        raise ValueError(f"the rows of one SelectorCache move together (got {values}); decode rows of different "
+                         "lengths as a RowBatch")
+    return values[0]
+
+
 class StaticDecodeStep:
     """step(token [B], position) -> logits [B, vocab] of the next token; the cache grows by one token per call.
 
-    `cache` is one SelectorCache (every row at the same position, `capacity` an int) or a RowBatch of rows with
-    their own lengths (locks/core/batch.py: `capacity` and each step's `position` one int per row); either way one
-    capture serves every step of the batch."""
+    `cache` is one SelectorCache (every row at the same position) or a RowBatch of rows with their own lengths
+    (locks/core/batch.py); `capacity` and each step's `position` are one int, or one per row (`for_cache`). Either
+    way one capture serves every step of the batch."""
 
     def __init__(self, model, cache: SelectorCache | RowBatch, batch: int, capacity: int | list[int],
                  cuda_graph: bool = True):
-        cache.start_static(capacity)
+        cache.start_static(for_cache(cache, capacity))
         device = cache.static_position.device
         self.model, self.cache = model, cache
         # stacked rows run as one cache (locks/core/batch.py: stack_rows), else the cache itself
@@ -54,6 +65,7 @@ class StaticDecodeStep:
 
     def place(self, token: Tensor, position: int | list[int]) -> None:
         """Write a step's input into the static buffers: token [B], position one int or one per row."""
+        position = for_cache(self.cache, position)
         self.input_ids.copy_(token.view(-1, 1))
         if isinstance(position, int):
             self.position_ids.fill_(position)
