@@ -13,6 +13,7 @@ import torch
 from locks.core.reference import grouped_logits
 from locks.core.registry import register
 from locks.core.selector import Selection, Selector
+from locks.core.topk import top_units
 
 
 @register
@@ -28,7 +29,7 @@ class TokenOracleSelector(Selector):
         if self.budget >= L:
             return Selection.all_tokens()
         logits = grouped_logits(query, keys)  # [B, Hkv, G, L]
-        top = torch.topk(logits, self.budget, dim=-1).indices.sort(dim=-1).values  # [B, Hkv, G, budget]
+        top = top_units(logits, self.budget)  # [B, Hkv, G, budget]
         info = self.info
         return Selection(indices=top, valid=torch.ones_like(top, dtype=torch.bool),
                          metadata_bytes=float(L * info.head_dim * info.kv_element_bytes * Hkv))

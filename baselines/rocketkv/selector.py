@@ -56,6 +56,7 @@ from locks.core.options import Options, number, odd_positive_int, one_of, option
 from locks.core.page_bounds import fold_into_page
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector
+from locks.core.topk import top_units
 from locks.errors import ConfigError
 
 VARIANTS = ("accuracy", "gpt_fast")
@@ -233,7 +234,7 @@ class RocketKVSelector(Selector):
             # budget-independent: one scoring per sample for every budget of a group (PrefillContext.shared)
             scores = ctx.shared(("rocketkv.snapkv", w, self.pool_kernel), lambda: snapkv_scores(
                 queries[:, :, -w:], keys, w, self.pool_kernel, self.info.scaling))
-            top = scores.topk(keep - w, dim=-1).indices.sort(dim=-1).values
+            top = top_units(scores, keep - w)
             kept = torch.cat([top, torch.arange(L - w, L, device=device).expand(B, Hkv, w)], dim=-1)
             self.alive = torch.zeros(B, Hkv, L, dtype=torch.bool, device=device)
             self.alive.scatter_(2, kept, True)

@@ -27,7 +27,8 @@ def held(method, s, keys, values):
         fields = [getattr(summ, f) for f in ("mu_int", "mu_scale", "head_mean", "v_pack", "c_int", "w", "rho")]
         return full, nbytes(*fields), 0.0
     if method == "quest":
-        return full, nbytes(s._max[:, :, : s.num_pages], s._min[:, :, : s.num_pages]), 0.0
+        pages = -(-s.length // s.page_size)
+        return full, nbytes(s._max[:, :, :pages], s._min[:, :, :pages]), 0.0
     if method == "shadowkv":
         exact = (s.window + s.chunk_size * s.outliers) * s.info.token_kv_bytes
         return exact + nbytes(s.buf_k, s.buf_v), nbytes(s.U, s.SV, s.landmarks), nbytes(s.host_values)

@@ -148,8 +148,10 @@ def test_incremental_metadata_equals_recomputation(dtype, prompt, chunks):
         length += n
         s.append(keys[:, :, :length], values[:, :, :length])  # the whole cache; new rows are [old length:]
         M, m = ref_minmax(keys[:, :, :length], P)
-        assert s.page_max.dtype == dtype and s.page_max.shape == (B, Hkv, math.ceil(length / P), D)
-        assert torch.equal(s.page_max.double(), M) and torch.equal(s.page_min.double(), m)
+        pages = math.ceil(s.length / P)
+        page_max, page_min = s._max[:, :, :pages], s._min[:, :, :pages]
+        assert page_max.dtype == dtype and page_max.shape == (B, Hkv, math.ceil(length / P), D)
+        assert torch.equal(page_max.double(), M) and torch.equal(page_min.double(), m)
 
 
 # ----- invariant 3: pruning soundness -------------------------------------------------------------------------------
@@ -379,7 +381,7 @@ def test_dense_layers_bit_identical_to_fullkv(tiny4):
             h.remove()
     assert len(got[0]) == 8  # prefill + 7 decode steps
     assert cache_q.selector(0)._max is None and cache_q.selector(1)._max is None  # no metadata in dense layers
-    assert cache_q.selector(2).num_pages == math.ceil(157 / P)
+    assert cache_q.selector(2).length == 157
     compared = 0
     for step in range(8):  # call 0 = prefill; call i >= 1 decodes token i - 1: same inputs while tokens agree
         if step > 0 and not torch.equal(out_q[:, :step], out_f[:, :step]):

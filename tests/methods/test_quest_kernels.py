@@ -50,20 +50,18 @@ def test_quest_scores(B, Hkv, G, d, P, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quest_append_equals_the_reference(dtype):
-    from baselines.quest import QuestSelector
-    from locks.core.selector import LayerInfo
+    from locks.core.page_bounds import fold_static_key
 
     B, H, d, P = 2, 2, 64, 16
     keys = gen(B, H, 100, d, dtype=dtype, seed=3)
-    sel = QuestSelector(LayerInfo(2, 4, H, d, d ** -0.5), 64)
     kmax, kmin = gen(B, H, 8, d, dtype=dtype, seed=4), gen(B, H, 8, d, dtype=dtype, seed=5)
     kmin = torch.minimum(kmin, kmax)
     for L in (33, 40, 48, 49):  # the first key of a page, inside a page, the last one, the next page's first
-        sel._max, sel._min = kmax.clone(), kmin.clone()
-        sel._append_static_reference(keys, torch.tensor([L], device=DEV))
+        ref_max, ref_min = kmax.clone(), kmin.clone()
+        fold_static_key(keys, ref_max, ref_min, torch.tensor([L], device=DEV), P)
         mx, mn = kmax.clone(), kmin.clone()
         quest_append(keys, mx, mn, torch.tensor([L], device=DEV), P)
-        assert torch.equal(mx, sel._max) and torch.equal(mn, sel._min), L
+        assert torch.equal(mx, ref_max) and torch.equal(mn, ref_min), L
         page = (L - 1) // P
         assert torch.equal(mx[:, :, page + 1 :], kmax[:, :, page + 1 :]) and torch.equal(mx[:, :, :page], kmax[:, :, :page])
 
