@@ -22,7 +22,7 @@ from eval.stats import bootstrap_ci
 NOT_HASHED = ("logger", "paths", "hydra", "static_decode", "batch_size", "prefill_chunk_size", "plan")
 # wall-clock fields of predictions rows and metrics.json: the only ones that differ between identical runs
 TIMING_FIELDS = frozenset({"seconds", "prefill_seconds", "decode_seconds", "capture_seconds", "seconds_per_sample",
-                           "prefill_seconds_per_sample", "decode_seconds_per_sample"})
+                           "prefill_seconds_per_sample", "decode_seconds_per_sample", "instrumentation_seconds"})
 
 
 def without_timings(record: dict) -> dict:

@@ -217,6 +217,7 @@ def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
         benchmark=benchmark.run_record(loaded.tokenizer),
         attn_backend=resolve_backend(job.method.backend, loaded.device),
         decode_mode=",".join(sorted({str(r.get("decode_mode", "eager")) for r in done})),
+        decode_instrumented=any(bool(r.get("decode_instrumented")) for r in done),
         batch_size=batch_size(config),
         prefill_backend=prefill_backend(loaded.device, loaded.dtype),
         model_license=model_license(config["model"]),
@@ -374,6 +375,9 @@ def sample_record(loaded, sample: dict, benchmark, ids, tokens: list[int], cache
         "prefill_seconds": round(prefill_seconds, 3),
         "decode_seconds": round(cache.decode_seconds, 3),
         "capture_seconds": round(cache.capture_seconds, 3),  # a CUDA graph's capture (static decode on CUDA)
+        # eager steps: coverage, diagnostics and accounting, timed apart; whether decode_seconds still includes any
+        "instrumentation_seconds": round(cache.instrumentation_seconds, 3),
+        "decode_instrumented": cache.decode_instrumented,
         "decode_mode": cache.decode_mode,
         **stats,
         "method_metrics": cache.extra_metrics(),

@@ -10,6 +10,7 @@ forwards unknown model kwargs to the attention function unchanged.
 from __future__ import annotations
 
 import functools
+import time
 
 import torch
 from torch import Tensor
@@ -136,16 +137,19 @@ def sparse_kv_attention(module, query, key, value, attention_mask, dropout=0.0, 
         h2d_bytes=float(sel.h2d_bytes),
         full_bytes=full_bytes,
     )
+    start = time.perf_counter()  # the instrumentation below is timed apart from the decode (docs/architecture.md)
     coverage = None
     if cache.measure_coverage:  # the mass of the full attention (sinks included) that the attended set carries
         coverage = (torch.ones(B, q.shape[1]) if lse is None else
                     torch.exp(lse_sink - lse_with_sinks(dense_lse(q, key, scaling), sinks)).detach().cpu())
     # a method's diagnostics (LOCKS's certificate) are about the tokens: they get the tokens' lse, without sinks;
     # a certificate on the tokens' share of the mass also bounds the share with the sink added to both sides
-    diagnostics = sel.diagnostics(lse) if (sel.diagnostics is not None and lse is not None) else None
+    measured = cache.measure_coverage and sel.diagnostics is not None and lse is not None  # as a static step
+    diagnostics = sel.diagnostics(lse) if measured else None
     if diagnostics is not None and coverage is not None and hasattr(sel.diagnostics, "soundness"):
         diagnostics = {**diagnostics, **sel.diagnostics.soundness(lse, coverage)}
     cache.stats.add(stats, L, coverage, diagnostics)
+    cache.instrumentation_seconds += time.perf_counter() - start
     return out, None
 
 

@@ -102,6 +102,8 @@ class SelectorLayer(DynamicLayer):
             self._k, self._v = (resized(buf, self.length, needed, zero=True) for buf in (self._k, self._v))
         else:
             self._k, self._v = (grown(buf, self.length, needed, minimum=256) for buf in (self._k, self._v))
+        # the cached tokens' views follow the buffers, or a replaced buffer would stay alive through them
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
     def adopt(self, key_buffer: Tensor, value_buffer: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """Take buffers [B, H, capacity, d] whose first `length` slots hold cached tokens as this layer's own, without
@@ -262,6 +264,10 @@ class SelectorCache(Cache):
         self.decode_mode = "eager"  # set by `generate`: eager | static | cuda_graph
         self.prefill_seconds = self.decode_seconds = 0.0  # set by `generate`
         self.capture_seconds = 0.0  # the CUDA graph's warm-ups and capture, not part of decode_seconds
+        # eager steps: the coverage and diagnostic passes and the accounting, timed on the host and taken out of
+        # decode_seconds; decode_instrumented (set by `generate`): whether decode_seconds still holds any of them
+        self.instrumentation_seconds = 0.0
+        self.decode_instrumented = False
         # static decode: count on the device the attended tokens the host cannot know (e.g. Quest's per-head union);
         # a benchmark may turn it off to time the selection and attention alone
         self.device_accounting = True

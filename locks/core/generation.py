@@ -46,6 +46,14 @@ def static_after_prefill(requested, static: bool, caches: list[SelectorCache]) -
     raise ConfigError(f"static (CUDA-graph) decode is not available for this sample: {reason}")
 
 
+def timing_instrumented(cache: SelectorCache, static: bool, device) -> bool:
+    """Whether a row's decode_seconds include instrumentation (with measure_coverage: the coverage and a method's
+    diagnostics): a static step runs it inside the step (the fused backend: two launches per layer), and an eager
+    step's host time on an asynchronous device (CUDA) is not its cost; an eager step on the CPU times it apart
+    (instrumentation_seconds)."""
+    return bool(cache.measure_coverage) and (static or torch.device(device).type != "cpu")
+
+
 @dataclass(eq=False)  # a row is itself: compared by identity
 class Row:
     """One sample of a generation: its own cache, prompt and stopping rule; the generated tokens and its share of
@@ -147,6 +155,7 @@ def generate_rows(model, rows: list[Row], static_decode=False, on_finish: Callab
     for row in rows:
         # a row that cannot take a step decodes nothing, which batch 1 records as eager
         row.cache.decode_mode = step.mode if step is not None and row.max_new_tokens > 1 else "eager"
+        row.cache.decode_instrumented = timing_instrumented(row.cache, step is not None, device)
         if step is None:
             row.cache.phase = "decode"
 
@@ -167,6 +176,7 @@ def generate_rows(model, rows: list[Row], static_decode=False, on_finish: Callab
         active = rows if step is not None else [r for r in rows if not r.finished]
         start = time.perf_counter()
         captured = step.capture_seconds if step is not None else 0.0
+        instrumented = sum(r.cache.instrumentation_seconds for r in active)
         tokens = torch.tensor([r.tokens[-1] for r in active], device=device)
         positions = [r.position for r in active]
         if step is not None:
@@ -185,7 +195,8 @@ def generate_rows(model, rows: list[Row], static_decode=False, on_finish: Callab
         if device.type == "cuda":
             torch.cuda.synchronize()
         captured = (step.capture_seconds if step is not None else 0.0) - captured  # a capture is not decode time
-        share = (time.perf_counter() - start - captured) / len(stepping)
+        instrumented = sum(r.cache.instrumentation_seconds for r in active) - instrumented  # nor instrumentation
+        share = (time.perf_counter() - start - captured - instrumented) / len(stepping)
         for _, row in stepping:
             row.decode_seconds += share
             if row.finished:

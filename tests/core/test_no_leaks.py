@@ -158,3 +158,16 @@ def test_the_peak_over_ten_samples_is_the_peak_over_one(tiny, name, no_cycle_col
                     two = heap.peak - start
         ten = heap.peak - start
         assert ten == pytest.approx(two, rel=0.05), (name, static, two, ten)
+
+
+@pytest.mark.parametrize("name", ["fullkv", "locks"])
+def test_a_static_decode_keeps_no_view_of_its_replaced_buffers(tiny, name, no_cycle_collector):
+    """start_static replaces a layer's K/V buffer with one of the generation's capacity: the prompt's old buffer is
+    freed then, not held on through the layer's views of its cached tokens (twice the K/V for the whole decode)."""
+    cache = SelectorCache(tiny, spec(name))
+    generate(tiny, cache, prompt(LENGTHS[0]), 1)
+    old = [weakref.ref(layer._k) for layer in cache.layers]
+    cache.start_static(LENGTHS[0] + 600)  # beyond the prompt's buffer: every layer gets a new one
+    assert all(ref() is None for ref in old)
+    assert all(layer.keys.shape[2] == LENGTHS[0] and layer.keys.data_ptr() == layer._k.data_ptr()
+               for layer in cache.layers)

@@ -460,3 +460,36 @@ def test_the_capture_is_timed_apart_from_the_decode(tiny, monkeypatch):
     generate_rows(tiny, rows, static_decode=True)
     for row in rows:
         assert (row.cache.capture_seconds, row.cache.decode_seconds) == (1000.0, 0.0)
+
+
+def test_instrumentation_is_timed_apart_from_an_eager_decode(tiny, monkeypatch):
+    """An eager step's coverage pass (here a stand-in that takes 100 s of a clock that only it advances) is
+    `instrumentation_seconds`, not part of `decode_seconds`, at batch 1 and for a batch of rows; on the CPU the
+    eager timing is then clean, and a static step, which runs its coverage inside, says it is instrumented."""
+    import time
+
+    import locks.core.attention as attention
+    from locks.core.generation import Row, generate_rows
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    real = attention.dense_lse
+
+    def slow_dense_lse(*args, **kwargs):
+        clock[0] += 100.0
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "dense_lse", slow_dense_lse)
+    cache = SelectorCache(tiny, MethodSpec("locks", 64), measure_coverage=True)
+    generate(tiny, cache, prompt(), 4)
+    passes = 3 * TINY["num_hidden_layers"]  # 3 decode steps, every layer measures its coverage
+    assert (cache.decode_seconds, cache.instrumentation_seconds) == (0.0, 100.0 * passes)
+    assert cache.decode_instrumented is False
+    rows = [Row(SelectorCache(tiny, MethodSpec("locks", 64), measure_coverage=True), prompt(n, seed=n), 4)
+            for n in (301, 320)]
+    generate_rows(tiny, rows)
+    for row in rows:
+        assert (row.cache.decode_seconds, row.cache.instrumentation_seconds) == (0.0, 100.0 * passes)
+    static = SelectorCache(tiny, MethodSpec("locks", 64), measure_coverage=True)
+    generate(tiny, static, prompt(), 4, static_decode=True)
+    assert static.decode_instrumented is True and static.instrumentation_seconds == 0.0

@@ -277,7 +277,8 @@ def test_fullkv_runs_once_for_every_budget_of_a_sweep(tmp_path, run):
 
 def test_static_decode_run_matches_eager_run(tmp_path, run):
     """static_decode=true (the CUDA-graph step, run eagerly on CPU) predicts what the eager run predicts, records its
-    decode mode, and shares the eager run's key (a finished eager run is not redone)."""
+    decode mode and whether its decode time includes instrumentation, and shares the eager run's key (a finished
+    eager run is not redone)."""
     args = TINY + ["method=locks", "budget=128", "benchmark.num_samples=1", "benchmark.tasks=[niah_multikey_3]"]
     results = {}
     for mode in ("false", "true"):
@@ -287,6 +288,10 @@ def test_static_decode_run_matches_eager_run(tmp_path, run):
         results[mode] = (run_dir.name, read_rows(run_dir), json.loads((run_dir / "metrics.json").read_text()))
     (name_e, rows_e, metrics_e), (name_s, rows_s, metrics_s) = results["false"], results["true"]
     assert name_e == name_s and metrics_e["decode_mode"] == "eager" and metrics_s["decode_mode"] == "static"
+    # coverage is measured (the default): timed apart by eager steps on the CPU, inside the static step
+    assert metrics_e["decode_instrumented"] is False and metrics_s["decode_instrumented"] is True
+    assert all(r["instrumentation_seconds"] > 0 for r in rows_e)
+    assert all(r["instrumentation_seconds"] == 0 for r in rows_s)
     assert [r["prediction"] for r in rows_s] == [r["prediction"] for r in rows_e]
     assert metrics_s["bytes_read_per_step"] == pytest.approx(metrics_e["bytes_read_per_step"], rel=1e-12)
     again = run(args + ["static_decode=true"], tmp_path / "false")
