@@ -18,6 +18,8 @@ Terms, in bytes, for the longest sequence S of the benchmark (prompt plus genera
     group capture  a grouped sweep (group of j runs) keeps one prefill capture per row: the prompt queries its runs'
                    selectors read (all of them for LRQK: layers x H_q x S x d x dtype bytes), and the shared memos
                    (bounded here by one run's method state)
+    chunk queries  a single run prefilling in chunks keeps the same prompt queries across its chunks (every
+                   full-attention layer's, until the layer's last chunk joins them), plus one layer's joined copy
     host           rows x sum over layers of memory_bytes(S)["host"] (ShadowKV's values, LRQK's cold store),
                    pinned on CUDA
 
@@ -196,13 +198,18 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
     attention = chunk * S + 2 * S * Hq * d * element if chunk < S else 0  # one forward: causal, no mask
     prefill = chunk * element * (4 * h + (Hq + 2 * Hkv) * d + 3 * inter) + attention + vocab * 4
     terms.append(Term("prefill activations", where, prefill, "prefill_chunk_size"))
+    n_q = query_positions_needed(selectors)
+    n_q = S if n_q is None else min(S, n_q)
+    full_layers = sum(w is None for w in windows)  # a sliding layer's selector reads no prompt query
+    queries = rows * full_layers * Hq * n_q * d * element
     if group > 1:
-        n_q = query_positions_needed(selectors)
-        n_q = S if n_q is None else min(S, n_q)
-        queries = rows * layers * Hq * n_q * d * element
         terms.append(Term("group capture queries", where, queries, "a smaller group (methods that read fewer "
                                                                    "prompt queries, e.g. without LRQK)"))
         terms.append(Term("group memos", where, rows * state, "a smaller group"))
+    elif chunk < S and queries:
+        # a chunked prefill keeps every layer's prompt queries until its last chunk, which joins one layer's to them
+        terms.append(Term("prompt queries across chunks", where, queries * (full_layers + 1) / full_layers,
+                          "methods that read fewer prompt queries (e.g. without LRQK), or no prefill_chunk_size"))
     if host:
         terms.append(Term("offloaded K/V (pinned)" if cuda else "offloaded K/V", "host", rows * host, "batch_size"))
     return MemoryPlan(terms, S, rows, str(device), chunk if chunk < S else None)

@@ -93,6 +93,39 @@ def test_a_group_with_lrqk_keeps_every_prompt_query():
     assert queries.bytes == TINY["num_hidden_layers"] * TINY["num_attention_heads"] * S * 64 * 4
 
 
+def test_a_chunked_prefill_plans_the_prompt_queries_it_keeps():
+    """A single run prefilling in chunks keeps every layer's prompt queries until the layer's last chunk (all of
+    them for LRQK; LOCKS reads none): the plan's term against the most the cache holds at once (what it keeps, and
+    the joined copy the last chunk of a layer makes), within 15 %."""
+    from locks.core.chunked_prefill import prefill_prompt
+
+    chunk, new = 64, 8
+    model = LlamaForCausalLM(LlamaConfig(**TINY, attn_implementation=register_attention())).eval()
+    for name in ("lrqk", "locks"):
+        config = config_for(name, prefill_chunk_size=chunk)
+        plan = plan_memory(config, model.config, [method_spec(config["method"])], device=torch.device("cpu"))
+        planned = sum(t.bytes for t in plan.terms if t.name == "prompt queries across chunks")
+        cache = SelectorCache(model, MethodSpec(name, config["budget"]))
+        cache.max_new_tokens = new
+        peak = [0]
+        keep = SelectorCache.prompt_queries
+
+        def measured(self, layer_idx, queries):  # what is kept, and the joined copy made while it is alive
+            kept = sum(layer.prompt_queries.nbytes for layer in self.layers if layer.prompt_queries is not None)
+            out = keep(self, layer_idx, queries)
+            peak[0] = max(peak[0], kept + (out.nbytes if self.prefill_last else queries.nbytes))
+            return out
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(SelectorCache, "prompt_queries", measured)
+            with torch.inference_mode():
+                prefill_prompt(model, cache, torch.randint(0, TINY["vocab_size"], (1, S - new)), chunk)
+        if name == "locks":
+            assert planned == 0 and peak[0] <= TINY["num_hidden_layers"] * 6 * 64 * 64 * 4 * 2
+        else:
+            assert planned > 0 and peak[0] == pytest.approx(planned, rel=0.15), peak[0] / planned
+
+
 def test_a_plan_that_does_not_fit_names_its_largest_term_and_knob():
     plan = MemoryPlan([Term("weights", "host", 2 * GiB, "a smaller model"),
                        Term("prefill activations", "host", 5 * GiB, "prefill_chunk_size")], S, 1, "cpu")
