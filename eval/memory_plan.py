@@ -11,6 +11,8 @@ Terms, in bytes, for the longest sequence S of the benchmark (prompt plus genera
     stacked rows   a static step over rows of different lengths stacks them (locks/core/batch.py), layer by layer:
                    one layer's K/V and state twice while it is copied (batch_size > 1 and every selector names its
                    row_state)
+    method prefill the largest Selector.prefill_bytes(S): what a selector's prefill holds for a while (LRQK's fp32
+                   factorization over every prompt query), one layer of one row at a time
     prefill        one forward's activations over n = prefill_chunk_size (or S) positions: hidden states, the q/k/v
                    projections, the MLP's gate, up and product (n x intermediate x 3), the chunk's boolean mask
                    (n x S) and, when chunked, the K/V heads SDPA repeats for GQA under a mask, the last logits
@@ -171,7 +173,7 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
 
     static = config.get("static_decode", False)
     static = cuda if static == "auto" else bool(static)
-    state = host = layer_state = 0.0
+    state = host = layer_state = prefill_work = 0.0
     selectors = []
     stackable = True
     for spec in methods:
@@ -180,6 +182,7 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
         stackable &= all(s.row_state is not None for s in built)
         per = [s.memory_bytes(S) for s in built]
         layer_held = [m["state"] + s.harness_bytes(S) + static * s.static_bytes(S) for s, m in zip(built, per)]
+        prefill_work = max([prefill_work] + [s.prefill_bytes(S) for s in built])
         held = sum(layer_held)
         state = max(state, held)
         layer_state = max([layer_state] + layer_held)
@@ -198,6 +201,8 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
     attention = chunk * S + 2 * S * Hq * d * element if chunk < S else 0  # one forward: causal, no mask
     prefill = chunk * element * (4 * h + (Hq + 2 * Hkv) * d + 3 * inter) + attention + vocab * 4
     terms.append(Term("prefill activations", where, prefill, "prefill_chunk_size"))
+    if prefill_work:  # rows prefill one after another, each layer's selector after the last: one at a time
+        terms.append(Term("method prefill work (one layer)", where, prefill_work, "the method's options"))
     n_q = query_positions_needed(selectors)
     n_q = S if n_q is None else min(S, n_q)
     full_layers = sum(w is None for w in windows)  # a sliding layer's selector reads no prompt query

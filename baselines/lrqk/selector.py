@@ -338,6 +338,13 @@ class LRQKSelector(Selector):
         room = self._ak_rows(length) - length
         return self.memory_bytes(length)["kv"] + float(info.num_heads * room * self.r * info.kv_element_bytes)
 
+    def prefill_bytes(self, length: int) -> float:
+        """The factorization's fp32 work: the keys repeated to the query heads (and the queries, when the cache is
+        not fp32), and A_Q, A_K, their updates and the stop test's temporaries, [H_q, length, r] each."""
+        info, fp32 = self.info, 4
+        copies = (1 + (info.kv_element_bytes != fp32)) * info.num_heads * length * info.head_dim * fp32
+        return float(copies + 6 * info.num_heads * length * self.r * fp32)
+
     @staticmethod
     def _ak_rows(length: int) -> int:
         """Rows A_K is allocated for after a prompt of `length` tokens (it grows from there)."""

@@ -151,22 +151,28 @@ def replay_prefill(cache: SelectorCache, capture: PrefillCapture) -> Tensor:
     The caller decodes this cache to its end before it replays the capture into another one."""
     cache.phase = "prefill"
     cache.max_new_tokens = capture.max_new_tokens
-    for i, (layer, captured) in enumerate(zip(cache.layers, capture.layers)):
-        cache.configure_layer(i, captured.sliding_window, captured.scaling)
-        layer = cache.layers[i]
-        keys, values = layer.adopt(captured.key_buffer, captured.value_buffer, capture.prompt_len)
-        needed = layer.selector.prefill_queries()
-        queries = captured.queries
-        if needed is not None and needed < queries.shape[2]:
-            queries = queries[:, :, queries.shape[2] - needed:]
-        if needed is None and capture.query_positions is not None:
-            raise ValueError(f"{layer.selector.name} reads every prompt query at prefill, but the capture kept "
-                             f"only the last {capture.query_positions}")
-        k, v, positions = keys.detach(), values.detach(), captured.positions
-        layer.selector.prefill(PrefillContext(
-            keys=k, values=v, queries=queries, positions=positions,
-            pre_rope_keys=lambda k=k, positions=positions, i=i: cache.rotation.unrotate(k, positions, i),
-            max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
-            rotate=functools.partial(cache.rotation.rotate, layer_idx=i), rotation=cache.rotation,
-            memo=captured.memo))
+    for i, captured in enumerate(capture.layers):
+        _replay_layer(cache, i, captured, capture)
     return capture.logits
+
+
+def _replay_layer(cache: SelectorCache, i: int, captured: LayerPrefill, capture: PrefillCapture) -> None:
+    """Layer i of `replay_prefill` (a function of its own: what it reads is released when it returns, so a capture
+    whose layers are made one at a time holds one layer's queries at a time)."""
+    cache.configure_layer(i, captured.sliding_window, captured.scaling)
+    layer = cache.layers[i]
+    keys, values = layer.adopt(captured.key_buffer, captured.value_buffer, capture.prompt_len)
+    needed = layer.selector.prefill_queries()
+    queries = captured.queries
+    if needed is not None and needed < queries.shape[2]:
+        queries = queries[:, :, queries.shape[2] - needed:]
+    if needed is None and capture.query_positions is not None:
+        raise ValueError(f"{layer.selector.name} reads every prompt query at prefill, but the capture kept "
+                         f"only the last {capture.query_positions}")
+    k, v, positions = keys.detach(), values.detach(), captured.positions
+    layer.selector.prefill(PrefillContext(
+        keys=k, values=v, queries=queries, positions=positions,
+        pre_rope_keys=lambda k=k, positions=positions, i=i: cache.rotation.unrotate(k, positions, i),
+        max_new_tokens=cache.max_new_tokens, max_length=cache.max_length,
+        rotate=functools.partial(cache.rotation.rotate, layer_idx=i), rotation=cache.rotation,
+        memo=captured.memo))

@@ -243,6 +243,11 @@ class Selector(ABC):
         (eval/memory_plan.py) adds them. Default: none."""
         return 0.0
 
+    def prefill_bytes(self, length: int) -> float:
+        """Device bytes this selector's prefill holds for a while beyond what it keeps, after a prompt of `length`
+        tokens (the layers prefill one after another: the memory plan takes the largest). Default: none."""
+        return 0.0
+
     def static_bytes(self, length: int) -> float:
         """Device bytes a static decode of this selector holds beyond `harness_bytes` (start_static's buffers), after
         a prompt of `length` tokens; the memory plan adds them when the run decodes statically. Default: none."""
