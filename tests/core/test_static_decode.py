@@ -493,3 +493,20 @@ def test_instrumentation_is_timed_apart_from_an_eager_decode(tiny, monkeypatch):
     static = SelectorCache(tiny, MethodSpec("locks", 64), measure_coverage=True)
     generate(tiny, static, prompt(), 4, static_decode=True)
     assert static.decode_instrumented is True and static.instrumentation_seconds == 0.0
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_quest_per_head_on_mha_counts_its_attended_tokens(backend):
+    """gqa=per_head on a layer without GQA (one query head per KV head, so one page set per KV head): the static
+    step counts the attended tokens its cost says it counts, as the eager step does (they were counted nowhere)."""
+    torch.manual_seed(0)
+    config = {**TINY, "num_attention_heads": 2, "num_key_value_heads": 2}
+    mha = LlamaForCausalLM(LlamaConfig(**config, attn_implementation=register_attention())).eval().to(DEV)
+    spec = MethodSpec("quest", 64, {"gqa": "per_head", "dense_layers": 1}, backend=backend)
+    eager, static = SelectorCache(mha, spec), SelectorCache(mha, spec)
+    out_e = generate(mha, eager, prompt(), 6, static_decode=False)
+    out_s = generate(mha, static, prompt(), 6, static_decode=True)
+    assert torch.equal(out_e, out_s)
+    a, b = eager.stats.summary(), static.stats.summary()
+    assert a["attended_tokens_per_step"] < 301  # the selecting layer attends its pages, not the whole prompt
+    assert b["attended_tokens_per_step"] == pytest.approx(a["attended_tokens_per_step"], rel=1e-12)
