@@ -12,7 +12,7 @@ Terms, in bytes, for the longest sequence S of the benchmark (prompt plus genera
                    one layer's K/V and state twice while it is copied (batch_size > 1 and every selector names its
                    row_state)
     method prefill the largest Selector.prefill_bytes(S): what a selector's prefill holds for a while (LRQK's fp32
-                   factorization over every prompt query), one layer of one row at a time
+                   factorization over every prompt query, ShadowKV's SVD), one layer of one row at a time
     prefill        one forward's activations over n = prefill_chunk_size (or S) positions: hidden states, the q/k/v
                    projections, the MLP's gate, up and product (n x intermediate x 3), the chunk's boolean mask
                    (n x S) and, when chunked, the K/V heads SDPA repeats for GQA under a mask, the last logits

@@ -340,10 +340,11 @@ class LRQKSelector(Selector):
 
     def prefill_bytes(self, length: int) -> float:
         """The factorization's fp32 work: the keys repeated to the query heads (and the queries, when the cache is
-        not fp32), and A_Q, A_K, their updates and the stop test's temporaries, [H_q, length, r] each."""
+        not fp32), and A_Q, A_K and their updates, [H_q, length, r] each (tests/eval/test_memory_plan.py measures
+        it)."""
         info, fp32 = self.info, 4
         copies = (1 + (info.kv_element_bytes != fp32)) * info.num_heads * length * info.head_dim * fp32
-        return float(copies + 6 * info.num_heads * length * self.r * fp32)
+        return float(copies + 4 * info.num_heads * length * self.r * fp32)
 
     @staticmethod
     def _ak_rows(length: int) -> int:

@@ -126,6 +126,12 @@ class ShadowKVSelector(Selector):
     def prefill_queries(self) -> int | None:
         return 1  # the CPU class's first selection uses the last prompt query
 
+    def prefill_bytes(self, length: int) -> float:
+        """The SVD's work: the pre-RoPE keys (the cache's dtype), the fp32 [length, H_kv d] matrix it factors and
+        its thin U (tests/eval/test_memory_plan.py measures it)."""
+        info = self.info
+        return float(info.num_kv_heads * length * info.head_dim * (info.kv_element_bytes + 2 * 4))
+
     def prefill(self, ctx: PrefillContext) -> None:
         keys, values = ctx.keys, ctx.values
         B, H, Lp, d = keys.shape

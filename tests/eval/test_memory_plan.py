@@ -126,6 +126,25 @@ def test_a_chunked_prefill_plans_the_prompt_queries_it_keeps():
             assert planned > 0 and peak[0] == pytest.approx(planned, rel=0.15), peak[0] / planned
 
 
+@pytest.mark.parametrize("name", ["lrqk", "shadowkv"])
+def test_a_selectors_prefill_peak_is_planned(name):
+    """The prefill of a selector that factorizes (LRQK's fp32 ALS over every prompt query, ShadowKV's SVD of the
+    pre-RoPE keys) holds more for a while than it keeps: what it keeps plus its Selector.prefill_bytes against the
+    peak resident growth of that prefill, alone in a process (tests/eval/prefill_peak.py: Llama-3.1-8B's attention
+    shape, 64K tokens), within 15 %."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "tests.eval.prefill_peak", name, "65536"], cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert measured["peak"] == pytest.approx(measured["planned"], rel=0.15), measured["peak"] / measured["planned"]
+
+
 def test_a_plan_that_does_not_fit_names_its_largest_term_and_knob():
     plan = MemoryPlan([Term("weights", "host", 2 * GiB, "a smaller model"),
                        Term("prefill activations", "host", 5 * GiB, "prefill_chunk_size")], S, 1, "cpu")
