@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -93,21 +92,13 @@ def projected_layers(model, embedded, new_tokens: int):
         captured.queries = captured.queries.new_empty(1, captured.queries.shape[1], 0, d)
 
 
-def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
-def current_rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
 def rehearse(args, name: str) -> dict:
     """One method in this process: its plan (checked), the projected prefill replayed, the decode; peak memory."""
     import torch
     from omegaconf import OmegaConf
     from transformers import LlamaForCausalLM
 
+    from bench.resident import peak_resident_bytes, resident_bytes
     from eval.memory_plan import GiB, check_plan, plan_memory
     from eval.runner import method_spec
     from locks.core.cache import SelectorCache
@@ -127,7 +118,7 @@ def rehearse(args, name: str) -> dict:
         weights = sum(t.bytes for t in plan.terms if t.name == "weights")
         prompt = args.context - args.new_tokens
         ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
-        base = current_rss()
+        base = resident_bytes()
         start = time.perf_counter()
         cache = SelectorCache(model, spec, measure_coverage=True)
         cache.max_new_tokens = args.new_tokens
@@ -140,7 +131,7 @@ def rehearse(args, name: str) -> dict:
         row = Row(cache, ids, args.new_tokens, prefill_logits=logits)
         generate_rows(model, [row])
     summary = cache.stats.summary()
-    held = peak_rss() - base
+    held = peak_resident_bytes() - base
     planned = plan.total("host") - weights
     return dict(method=name, context=args.context, layers=args.layers, budget=args.budget,
                 tokens=len(row.tokens), decode_steps=summary["decode_steps"],

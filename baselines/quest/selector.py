@@ -74,16 +74,22 @@ class QuestSelector(Selector):
         B, Hq, d = query.shape
         Hkv = self._max.shape[1]
         M, m = self._max[:, :, :num_pages], self._min[:, :, :num_pages]
-        if self.info.backend == "triton":  # min/max read once for the G heads (baselines/quest/kernels.py)
-            from baselines.quest.kernels import quest_page_scores
-
-            U = quest_page_scores(query, M, m, length=length, page_size=self.page_size)
+        if (kernels := self._kernels()) is not None:  # min/max read once for the G heads
+            U = kernels.quest_page_scores(query, M, m, length=length, page_size=self.page_size)
             return U.view(B, Hkv, Hq // Hkv, num_pages)
         q = query.view(B, Hkv, Hq // Hkv, d).float()
         U = q.clamp(min=0) @ M.float().transpose(-1, -2) + q.clamp(max=0) @ m.float().transpose(-1, -2)
         if length is None:
             return U
         return U.masked_fill(torch.arange(num_pages, device=U.device) >= self._open_page(length), float("-inf"))
+
+    def _kernels(self):
+        """baselines/quest/kernels.py with backend triton (imported only then), else None."""
+        return importlib.import_module("baselines.quest.kernels") if self.info.backend == "triton" else None
+
+    def _set_bounds(self, query: Tensor, num_pages: int, length: Tensor | None) -> Tensor:
+        """`page_bounds` as one row of scores per page set (`head_sets`: per query head, or per KV head)."""
+        return head_sets(self.page_bounds(query, num_pages, length), self.gqa == "per_head", self.group_reduce)
 
     def _open_page(self, length: Tensor) -> Tensor:
         return torch.div(row_length(length, 4) - 1, self.page_size, rounding_mode="floor")
@@ -103,7 +109,7 @@ class QuestSelector(Selector):
     def _pages(self, query: Tensor, num_pages: int, k: int, length: Tensor | None, stable: bool) -> Tensor:
         """Each set's top-k pages in page order; with `length` the kernel rule's list: those k plus the open page,
         or pages 0 .. page_budget - 1 while the open page is below page_budget."""
-        U = head_sets(self.page_bounds(query, num_pages, length), self.gqa == "per_head", self.group_reduce)
+        U = self._set_bounds(query, num_pages, length)
         top = top_units(U, k, stable)
         if length is None:
             return top
@@ -152,7 +158,7 @@ class QuestSelector(Selector):
     def select_static(self, query, keys, values, length):
         if self.dense:
             return Selection.all_tokens()
-        kernels = importlib.import_module("baselines.quest.kernels") if self.info.backend == "triton" else None
+        kernels = self._kernels()
         (kernels.quest_append if kernels else fold_static_key)(keys, self._max, self._min, length, self.page_size)
         if self.static_fits:
             return Selection.all_tokens()
@@ -160,7 +166,7 @@ class QuestSelector(Selector):
         if kernels is None:  # torch.topk, not a full sort: exact ties break as in the official select-k
             return Selection(pages=self._pages(query, cap, k, length, False), page_size=self.page_size,
                              attended_on_host=sets == 1)
-        U = head_sets(self.page_bounds(query, cap, length), self.gqa == "per_head", self.group_reduce)
+        U = self._set_bounds(query, cap, length)
         pages, attended = kernels.quest_static_pages(torch.topk(U, k, dim=-1).indices, length, self.page_size,
                                                      self.page_budget, count=sets > 1)
         return Selection(pages=pages, page_size=self.page_size, attended_on_host=sets == 1, attended_rows=attended)

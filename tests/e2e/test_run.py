@@ -290,7 +290,8 @@ def test_static_decode_run_matches_eager_run(tmp_path, run):
     assert name_e == name_s and metrics_e["decode_mode"] == "eager" and metrics_s["decode_mode"] == "static"
     # coverage is measured (the default): timed apart by eager steps on the CPU, inside the static step
     assert metrics_e["decode_instrumented"] is False and metrics_s["decode_instrumented"] is True
-    assert all(r["instrumentation_seconds"] > 0 for r in rows_e)
+    # (how much an eager step's instrumentation takes, it times apart: tests/core/test_static_decode.py, on a clock)
+    assert all(r["instrumentation_seconds"] >= 0 for r in rows_e)
     assert all(r["instrumentation_seconds"] == 0 for r in rows_s)
     assert [r["prediction"] for r in rows_s] == [r["prediction"] for r in rows_e]
     assert metrics_s["bytes_read_per_step"] == pytest.approx(metrics_e["bytes_read_per_step"], rel=1e-12)

@@ -7,20 +7,15 @@ and its prefill work), as JSON.
 """
 import functools
 import json
-import resource
 import sys
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench.resident import peak_resident_bytes, resident_bytes
 from locks.core.cache import KeyRotation
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, PrefillContext
-
-
-def resident() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
 
 
 def main(name: str, length: int) -> dict:
@@ -34,13 +29,13 @@ def main(name: str, length: int) -> dict:
                                          max_position_embeddings=length + 8))
     rotation = KeyRotation(model)
     torch.mm(torch.randn(512, 512), torch.randn(512, 512))  # the process's growth on first use, before the baseline
-    base = resident()
+    base = resident_bytes()
     with torch.inference_mode():
         selector.prefill(PrefillContext(
             keys=keys, values=values, queries=queries, positions=positions,
             pre_rope_keys=lambda: rotation.unrotate(keys, positions, 2), max_new_tokens=4, max_length=length + 8,
             rotate=functools.partial(rotation.rotate, layer_idx=2), rotation=rotation))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    peak = peak_resident_bytes() - base
     planned = selector.memory_bytes(length)
     kept = planned["state"] + selector.harness_bytes(length) + planned["host"]
     return dict(method=name, length=length, peak=peak, planned=kept + selector.prefill_bytes(length))
