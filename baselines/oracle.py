@@ -7,9 +7,10 @@ keys to do so, which its bytes report says: it is an accuracy reference, not an 
 """
 import torch
 
-from locks.core.paging import PageSelector, exact_page_lse
+from locks.core.paging import PageSelector, aggregate_heads, exact_page_lse
 from locks.core.reference import grouped_logits
 from locks.core.registry import register
+from locks.core.selector import row_length
 
 
 @register
@@ -28,8 +29,20 @@ class OracleSelector(PageSelector):
         logits = grouped_logits(query, keys[:, :, forced_tokens]) * self.info.scaling
         return torch.logsumexp(logits, dim=-1).reshape(B, Hq)
 
-    def static_decode_error(self):
-        return "oracle: an accuracy reference with no static (CUDA-graph) decode path (it reads all keys anyway)"
+    def static_candidate_scores(self, query, keys, length):
+        """The static step's aggregated scores with each head normalized by its exact total mass, as `select`: the
+        forced tokens (sink pages, recent pages, the partial page) are those of [0, S n) and [(L // n - R) n, L)."""
+        B, Hq, _ = query.shape
+        P, n = self.static_pages, self.page_size
+        scores = self.page_scores(query, keys, P)
+        slots = torch.arange(keys.shape[2], device=keys.device)
+        L = row_length(length, 4)
+        recent = (torch.div(L, n, rounding_mode="floor") - self.recent_pages) * n
+        forced = (slots < self.sink_pages * n) | ((slots >= recent) & (slots < L))  # [1 or B, 1, 1, C]
+        logits = (grouped_logits(query, keys) * self.info.scaling).masked_fill(~forced, float("-inf"))
+        log_mass = torch.logsumexp(logits, dim=-1).reshape(B, Hq)  # -inf when nothing is forced: no term
+        candidates = self._static_candidates(length).expand(B, keys.shape[1], P)
+        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates, log_mass), scores
 
     def scoring_bytes(self, num_candidates):
         info = self.info

@@ -12,7 +12,7 @@ import torch
 
 from locks.core.reference import grouped_logits
 from locks.core.registry import register
-from locks.core.selector import Selection, Selector
+from locks.core.selector import Selection, Selector, row_length
 from locks.core.topk import top_units
 
 
@@ -23,16 +23,37 @@ class TokenOracleSelector(Selector):
     report_order = 2
     bounds = "every selector at equal attended tokens per query head, incl. per-head token selection (RocketKV, LRQK)"
     plot_style = {"linestyle": ":", "marker": "D"}
+    row_state = ()  # no device state of its own: rows stack
 
     def select(self, query, keys, values) -> Selection:
-        Hkv, L = keys.shape[1], keys.shape[2]
+        L = keys.shape[2]
         if self.budget >= L:
             return Selection.all_tokens()
         logits = grouped_logits(query, keys)  # [B, Hkv, G, L]
         top = top_units(logits, self.budget)  # [B, Hkv, G, budget]
-        info = self.info
         return Selection(indices=top, valid=torch.ones_like(top, dtype=torch.bool),
-                         metadata_bytes=float(L * info.head_dim * info.kv_element_bytes * Hkv))
+                         metadata_bytes=self._metadata_bytes(L))
+
+    def _metadata_bytes(self, length: int) -> float:
+        info = self.info
+        return float(length * info.head_dim * info.kv_element_bytes * info.num_kv_heads)
 
     def static_decode_error(self):
-        return "oracle_token: an accuracy reference with no static (CUDA-graph) decode path (it reads all keys anyway)"
+        return None
+
+    def start_static(self, capacity):
+        self.static_fits = capacity <= self.budget  # the whole generation fits in the budget: attend everything
+
+    def select_static(self, query, keys, values, length):
+        """`select` over the preallocated slots, those at or past the length masked: while L <= budget its top
+        `budget` holds every valid token (attended: L, as the eager step's all-tokens selection)."""
+        if self.static_fits:
+            return Selection.all_tokens()
+        valid_slots = torch.arange(keys.shape[2], device=keys.device) < row_length(length, 4)
+        top = top_units(grouped_logits(query, keys).masked_fill(~valid_slots, float("-inf")), self.budget)
+        return Selection(indices=top, valid=top < row_length(length, 4))
+
+    def static_step_cost(self, length):
+        if self.static_fits:
+            return 0.0, 0.0, float(length)
+        return 0.0, self._metadata_bytes(length) if length > self.budget else 0.0, None

@@ -366,7 +366,7 @@ class Steps:
         selector, sl = c.selectors[method][i], c.slots[i]
         if selector.static_decode_error() is None:
             sel = selector.select_static(sl["q"], sl["k"], sl["v"], self.length)
-        else:  # the token Oracle: its eager select has fixed shapes below the context
+        else:  # a configuration without a static path: its eager select
             sel = selector.select(sl["q"], sl["k"], sl["v"])
         return sel, attend(sl["q"], sl["k"], sl["v"], sel, c.scaling, "triton", self.length)
 
@@ -435,7 +435,7 @@ def selector_step_bytes(selector, sel: Selection, L: int) -> tuple[float, float,
         return float(L * info.token_kv_bytes), 0.0, float(L)
     length = torch.tensor([L], device=sel.pages.device if sel.pages is not None else "cpu")  # read by page lists
     counted = float(attended_mean(sel, length, L).mean())
-    if selector.static_decode_error() is not None:  # an eager selection (the token Oracle)
+    if selector.static_decode_error() is not None:  # an eager selection (a configuration without a static path)
         kv = sel.kv_bytes if sel.kv_bytes is not None else counted * info.token_kv_bytes
         return float(sel.metadata_bytes + kv), float(sel.h2d_bytes), counted
     _, metadata, attended, *kv = selector.static_step_cost(L)

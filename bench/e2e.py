@@ -6,8 +6,8 @@ An eager transformers step hides any attention saving at batch 1 (issue 7's anch
 replayed. FullKV runs twice, through our split-K kernel over the valid length (`fullkv`) and through PyTorch's
 SDPA with a length mask (`fullkv_sdpa`); LOCKS, Quest, ShadowKV, RocketKV and LRQK run their own static steps
 (fixed shapes; ShadowKV's and LRQK's misses read from pinned host memory inside the graph); the speedups are against
-the faster FullKV. The oracles have no static step (they read every key to choose): the cost of their exact top-k
-is timed per layer by bench/decode.py. Models are built from their config with random bf16 weights (no download):
+the faster FullKV. The oracles are accuracy references that read every key to choose and are not timed here: the
+cost of the token Oracle's exact top-k is timed per layer by bench/decode.py. Models are built from their config with random bf16 weights (no download):
   glm    GLM-4-9B   (transformers GlmConfig defaults: 40 layers, 32 query / 2 KV heads, d = 128, 151,552 vocab)
   llama  Llama-3.1-8B (32 layers, 32 / 8 heads, d = 128, 128,256 vocab; contexts whose cache does not fit are skipped)
 The KV cache of every layer is filled with random values (never zeros) at the context length, without a model

@@ -147,6 +147,7 @@ def plan_memory(config: dict, model_config_, methods: list, group: int = 1,
 
 def _plan(config: dict, model_config_, methods: list, group: int, device) -> MemoryPlan:
     from locks.core.cache import config_windows
+    from locks.core.generation import static_by_default
     from locks.core.registry import MethodSpec
     from locks.core.models import default_device_dtype
     from locks.core.prefill import query_positions_needed
@@ -172,7 +173,7 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
         return [LayerInfo(i, Hq, Hkv, d, d ** -0.5, element, sliding_window=w) for i, w in enumerate(windows)]
 
     static = config.get("static_decode", False)
-    static = cuda if static == "auto" else bool(static)
+    static = static_by_default("cuda" if cuda else "cpu", rows) if static == "auto" else bool(static)
     state = host = layer_state = prefill_work = 0.0
     selectors = []
     stackable = True

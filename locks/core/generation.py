@@ -22,12 +22,19 @@ from locks.errors import ConfigError
 STATIC_DECODE = ("auto", True, False)
 
 
-def use_static_decode(requested, cache: SelectorCache, device) -> bool:
-    """static_decode: auto (static + CUDA graph on CUDA when the method supports it) | true | false -> bool."""
+def static_by_default(device, rows: int) -> bool:
+    """What static_decode=auto asks for: the static step on CUDA (replayed as a CUDA graph), and for a batch of rows
+    on any device (rows of different lengths stacked into one step: no loop over rows, locks/core/batch.py)."""
+    return torch.device(device).type == "cuda" or rows > 1
+
+
+def use_static_decode(requested, cache: SelectorCache, device, rows: int = 1) -> bool:
+    """static_decode: auto (`static_by_default`, when the method has a static path) | true | false -> bool, for a
+    decode of `rows` rows."""
     if requested not in STATIC_DECODE:
         raise ConfigError(f"static_decode must be one of auto, true, false (got {requested!r})")
     if requested == "auto":
-        return torch.device(device).type == "cuda" and all(
+        return static_by_default(device, rows) and all(
             layer.selector.static_decode_error() is None for layer in cache.layers)
     return bool(requested)
 
@@ -134,7 +141,7 @@ def generate_rows(model, rows: list[Row], static_decode=False, on_finish: Callab
     if not rows:
         return rows
     device = rows[0].input_ids.device
-    static = step is not None or (use_static_decode(static_decode, rows[0].cache, device)
+    static = step is not None or (use_static_decode(static_decode, rows[0].cache, device, len(rows))
                                   and max(r.max_new_tokens for r in rows) > 1)
     for row in rows:
         start = time.perf_counter()

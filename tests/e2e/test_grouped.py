@@ -108,7 +108,10 @@ def test_a_group_at_batch_3_writes_what_separate_runs_at_batch_1_write(separate,
     of its scores in float32 and its hit/miss and attended counts differ slightly (up to 1.1 % on this random model);
     in float64 they are equal too (tests/core/test_batch.py). Such a flip can also change a later generated token of
     the random model (seen on an AMD EPYC machine): for at most one LRQK sample the rows then differ from that token
-    on, and must still agree on their first word and score; the run's score must be equal."""
+    on, and must still agree on their first word and score; the run's score must be equal.
+
+    On this CPU batch 1 decodes eagerly and a batch of rows in the stacked static step (static_decode=auto, no loop
+    over rows): the records say so (decode_mode, decode_instrumented) and agree in everything else."""
     from eval.sweep import run_group
 
     runs = tmp_path / "batched"
@@ -116,10 +119,17 @@ def test_a_group_at_batch_3_writes_what_separate_runs_at_batch_1_write(separate,
     run_group([c for c, _ in jobs], [cfg for _, cfg in jobs], progress=False)
     want, got = run_dirs(separate), run_dirs(runs)
     assert set(got) == set(want)  # batch_size is not part of the run key
+
+    def how_decoded(records: list[dict], mode: str) -> list[dict]:
+        assert {r.pop("decode_mode") for r in records} <= {mode, "eager"}  # a last batch of one row is eager
+        for r in records:
+            r.pop("decode_instrumented")
+        return records
+
     for name in want:
-        mine = {r["id"]: r for r in rows(got[name])}
+        mine = {r["id"]: r for r in how_decoded(rows(got[name]), "static")}
         assert len(mine) == len(rows(got[name]))
-        theirs = {r["id"]: r for r in rows(want[name])}
+        theirs = {r["id"]: r for r in how_decoded(rows(want[name]), "eager")}
         rel = 5e-2 if "_lrqk_" in name else 1e-6
         if "_lrqk_" in name:  # a float32 near-tie may change a later token (docstring): the first word and score hold
             for key in set(mine) & set(theirs):
@@ -131,6 +141,8 @@ def test_a_group_at_batch_3_writes_what_separate_runs_at_batch_1_write(separate,
         assert_records_close(mine, theirs, name, rel=rel)
         batched, alone = metrics(got[name]), metrics(want[name])
         assert batched.pop("batch_size") == 3 and alone.pop("batch_size") == 1
+        assert "static" in batched.pop("decode_mode") and alone.pop("decode_mode") == "eager"
+        batched.pop("decode_instrumented"), alone.pop("decode_instrumented")
         if "_lrqk_" not in name or len(mine) == len(rows(want[name])):  # a flipped sample moves the run's means
             assert_records_close(batched, alone, name, rel=rel)
         else:

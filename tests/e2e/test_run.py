@@ -297,8 +297,9 @@ def test_static_decode_run_matches_eager_run(tmp_path, run):
     assert metrics_s["bytes_read_per_step"] == pytest.approx(metrics_e["bytes_read_per_step"], rel=1e-12)
     again = run(args + ["static_decode=true"], tmp_path / "false")
     assert again.returncode == 0 and "0 to go" in again.stdout
-    bad = run(TINY + ["method=oracle", "static_decode=true", "benchmark.num_samples=1"], tmp_path / "oracle")
-    assert bad.returncode != 0 and "no static (CUDA-graph) decode path" in bad.stderr
+    bad = run(TINY + ["method=oracle", "method.budget_mode=paper", "static_decode=true", "benchmark.num_samples=1"],
+              tmp_path / "oracle")
+    assert bad.returncode != 0 and "static decode implements budget_mode=fair" in bad.stderr
     assert "Traceback" not in bad.stderr
 
 
