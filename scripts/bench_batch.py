@@ -64,9 +64,10 @@ def compose_config(overrides: list[str]):
     return OmegaConf.to_container(cfg, resolve=True), cfg
 
 
-class RowWork:
-    """Wall time inside each row's own decode attention (its selection, attention and accounting: the per-row
-    work that runs once per row at any batch size), by wrapping the registered attention function."""
+class AttentionWork:
+    """Wall time inside the decode attention function (the selection, the attention and the accounting), by
+    wrapping the registered attention function: once per row and layer in an eager batch (a loop over its rows),
+    once per layer for all rows in a stacked static step."""
 
     def __init__(self):
         from transformers import AttentionInterface
@@ -87,7 +88,7 @@ class RowWork:
             finally:
                 self.seconds += time.perf_counter() - start
 
-        attention.sparse_kv_attention = timed  # what a batch's rows call (locks/core/batch.py: row_attention)
+        attention.sparse_kv_attention = timed  # what an eager batch's rows call (locks/core/batch.py: row_attention)
         AttentionInterface.register(attention.ATTENTION_NAME, timed)  # what the model calls
 
 
@@ -109,7 +110,7 @@ def throughput(args) -> list[dict]:
         prefill_s.append(time.perf_counter() - start)
     print(f"bench_batch: {len(samples)} prefills, {sum(prefill_s):.1f} s", flush=True)
     cuda = loaded.device.type == "cuda"
-    row_work = RowWork()
+    work = AttentionWork()
     records = []
     for name in args.methods.split(","):
         job, _ = compose_config(base + [f"method={name}"])
@@ -122,7 +123,7 @@ def throughput(args) -> list[dict]:
             if cuda:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            start, row_work.seconds = time.perf_counter(), 0.0
+            start, work.seconds = time.perf_counter(), 0.0
             for group in batches(list(range(len(samples))), size):
                 decoded = run_samples(loaded, method, [samples[i] for i in group], benchmark, job, rows.append,
                                       captures=[captures[i] for i in group])
@@ -144,9 +145,9 @@ def throughput(args) -> list[dict]:
                           decode_samples_per_s=round(len(rows) / seconds, 3),
                           run_samples_per_s=round(len(rows) / (seconds + sum(prefill_s)), 3),
                           identical_predictions=predictions == reference,
-                          # the rows' own selection + attention, and its share of the decode time
-                          row_attention_s=round(row_work.seconds, 2),
-                          row_attention_share=round(row_work.seconds / seconds, 3),
+                          decode_mode=",".join(sorted({str(r["decode_mode"]) for r in rows})),
+                          # the selection + attention (+ accounting), and its share of the decode time
+                          attention_s=round(work.seconds, 2), attention_share=round(work.seconds / seconds, 3),
                           state_bytes=peak or None,
                           cuda_max_memory_allocated=torch.cuda.max_memory_allocated() if cuda else None)
             records.append(record)
@@ -193,6 +194,11 @@ def sweeps(args) -> dict:
                 and by_sample(work / "grouped_batched") == per_job)
 
 
+def share(record: dict) -> float:
+    """The decode time's share inside the attention function (records before 2026-12-07 named it per row)."""
+    return record.get("attention_share", record.get("row_attention_share", 0))
+
+
 def tables(result: dict) -> str:
     """Markdown: decode samples/s per method and batch (x batch 1), and the sweep's wall times and ratios."""
     records = result["throughput"]
@@ -200,14 +206,16 @@ def tables(result: dict) -> str:
     methods = list(dict.fromkeys(r["method"] for r in records))
     cell = {(r["method"], r["batch"]): r for r in records}
     lines = ["| method | " + " | ".join(f"batch {b}" for b in sizes) + " | identical predictions | state at batch "
-             f"{sizes[-1]} | per-row attention at batch 1 / {sizes[-1]} |", "|---" * (len(sizes) + 4) + "|"]
+             f"{sizes[-1]} | decode mode at batch 1 / {sizes[-1]} | selection + attention at batch 1 / {sizes[-1]} |",
+             "|---" * (len(sizes) + 5) + "|"]
     for m in methods:
         row = [cell[m, b] for b in sizes if (m, b) in cell]
         lines.append(f"| {m} | " + " | ".join(f"{r['decode_samples_per_s']:.2f} ({r['decode_speedup']:.2f}x)"
                                                 for r in row)
                      + f" | {'yes' if all(r['identical_predictions'] for r in row) else 'NO'} | "
                      f"{(row[-1]['state_bytes'] or 0) / 2**20:.0f} MiB | "
-                     f"{row[0].get('row_attention_share', 0):.0%} / {row[-1].get('row_attention_share', 0):.0%} |")
+                     f"{row[0].get('decode_mode', '?')} / {row[-1].get('decode_mode', '?')} | "
+                     f"{share(row[0]):.0%} / {share(row[-1]):.0%} |")
     one = records[0]
     text = [f"Decode samples/s of one run ({one['samples']} samples, budget {one['budget']}; prefill "
             f"{one['prefill_s'] / one['samples']:.2f} s per sample on top, at every batch size):", "", *lines]

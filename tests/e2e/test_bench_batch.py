@@ -1,5 +1,6 @@
 """scripts/bench_batch.py on the tiny random model: the throughput part at batch 1 and 2 writes its records and
-tables, every batch predicts what batch 1 predicts, and the per-row attention time is a share of the decode."""
+tables, every batch predicts what batch 1 predicts (batch 1 eager, batch 2 in the stacked static step), and the
+attention function's time is a share of the decode."""
 import json
 import subprocess
 import sys
@@ -20,7 +21,9 @@ def test_bench_batch_throughput_part_on_the_tiny_model(tmp_path):
     assert [(r["method"], r["batch"]) for r in records] == [("fullkv", 1), ("fullkv", 2), ("locks", 1), ("locks", 2)]
     for r in records:
         assert r["samples"] == 3 and r["identical_predictions"] and r["decode_s"] > 0
-        assert 0 < r["row_attention_share"] < 1 and r["state_bytes"] > 0
+        assert 0 < r["attention_share"] < 1 and r["state_bytes"] > 0
+        # 3 samples at batch 2: a batch of two rows (stacked static step) and a last one of one row (eager)
+        assert r["decode_mode"] == ("eager" if r["batch"] == 1 else "eager,static")
         assert r["decode_speedup"] > 0 and (r["batch"] > 1 or r["decode_speedup"] == 1.0)
     table = out.with_suffix(".md").read_text()
     assert "| fullkv |" in table and "| locks |" in table and "batch 2" in table
