@@ -169,9 +169,12 @@ def _stacked(values: list):
     if isinstance(first, int):
         return max(values)
     if isinstance(first, Tensor):
+        pinned = first.device.type == "cpu" and first.is_pinned()  # a host store stays pinned
+        if not pinned and all(v.shape[1:] == first.shape[1:] for v in values):
+            return torch.cat(values)  # nothing to pad: one copy, no zero-fill
         shape = [max(v.shape[i] for v in values) for i in range(first.dim())]
         out = torch.zeros(sum(v.shape[0] for v in values), *shape[1:], dtype=first.dtype, device=first.device,
-                          pin_memory=first.device.type == "cpu" and first.is_pinned())  # a host store stays pinned
+                          pin_memory=pinned)
         start = 0
         for v in values:
             out[(slice(start, start + v.shape[0]), *(slice(0, n) for n in v.shape[1:]))] = v
@@ -238,8 +241,8 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
         row_layers = [row.layers[i] for row in rows]
         layer = SelectorLayer(stack_selectors([lay.selector for lay in row_layers], shared))
         layer.device = row_layers[0].device
-        layer._k, layer._v = torch.cat([lay._k for lay in row_layers]), torch.cat([lay._v for lay in row_layers])
         layer.length = max(lay.length for lay in row_layers)
+        layer.hold(torch.cat([lay._k for lay in row_layers]), torch.cat([lay._v for lay in row_layers]))
         layer.is_initialized = True
         layer.static_position = stacked.static_position
         layer.static_rows = torch.arange(B, device=layer._k.device)  # the row index of each slot write
@@ -247,7 +250,7 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
         # each row's layer views the stacked K/V at once, so its own buffers are freed layer by layer: the stack
         # costs one layer's K/V above the rows', not a second copy of all of them
         for r, row_layer in enumerate(row_layers):
-            row_layer._k, row_layer._v = layer._k[r : r + 1], layer._v[r : r + 1]
+            row_layer.hold(layer._k[r : r + 1], layer._v[r : r + 1])
             row_layer.static_position = rows[r].static_position
     stacked.layers = layers
     stacked.row_caches, stacked.static_host_rows, stacked.static_host_step = list(rows), [], False

@@ -99,10 +99,14 @@ class SelectorLayer(DynamicLayer):
             self._k[:, :, self.length :].zero_()
             self._v[:, :, self.length :].zero_()
         elif exact:
-            self._k, self._v = (resized(buf, self.length, needed, zero=True) for buf in (self._k, self._v))
+            self.hold(*(resized(buf, self.length, needed, zero=True) for buf in (self._k, self._v)))
         else:
-            self._k, self._v = (grown(buf, self.length, needed, minimum=256) for buf in (self._k, self._v))
-        # the cached tokens' views follow the buffers, or a replaced buffer would stay alive through them
+            self.hold(*(grown(buf, self.length, needed, minimum=256) for buf in (self._k, self._v)))
+
+    def hold(self, key_buffer: Tensor, value_buffer: Tensor) -> None:
+        """Make these buffers the layer's K/V. The cached tokens' views (`keys`, `values`) follow them, or a replaced
+        buffer would stay alive through the views."""
+        self._k, self._v = key_buffer, value_buffer
         self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
 
     def adopt(self, key_buffer: Tensor, value_buffer: Tensor, length: int) -> tuple[Tensor, Tensor]:
@@ -110,10 +114,9 @@ class SelectorLayer(DynamicLayer):
         a copy (a group's prefill capture: the prompt slots are only read, the later ones are this run's decode
         slots). -> the cached K/V, as `update` returns them."""
         self.device = key_buffer.device
-        self._k, self._v = key_buffer, value_buffer
         self.length = length
         self.is_initialized = True
-        self.keys, self.values = self._k[:, :, :length], self._v[:, :, :length]
+        self.hold(key_buffer, value_buffer)
         return self.keys, self.values
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:

@@ -279,3 +279,27 @@ def test_a_row_batch_is_a_cache_of_rows(tiny):
     assert len(batch) == 2 and batch.rows == caches
     with pytest.raises(ValueError, match="at least one row"):
         RowBatch([])
+
+
+@pytest.mark.parametrize("name", ["fullkv", "locks"])
+def test_stacked_rows_hold_no_copy_of_their_own_kv(tiny, name):
+    """After stacking, every view a row's layer keeps of its K/V (the buffers and the cached tokens' `keys` /
+    `values`) lies in the stacked buffer: the rows' own buffers are freed, so the stack costs no second copy of the
+    batch's K/V (the memory plan's 'stacked rows' term)."""
+    budget, options = options_for(name)
+    caches = []
+    for ids, n in zip(prompts(), NEW_TOKENS):
+        cache = SelectorCache(tiny, MethodSpec(name, budget, options))
+        cache.max_new_tokens = n
+        cache.phase = "prefill"
+        with torch.inference_mode():
+            tiny(input_ids=ids, cache=cache, sparse_cache=cache)
+        caches.append(cache)
+    batch = RowBatch(caches)
+    with torch.inference_mode():
+        batch.start_static([ids.shape[1] + n for ids, n in zip(prompts(), NEW_TOKENS)])
+    for i, stacked in enumerate(batch.stacked.layers):
+        storage = {stacked._k.untyped_storage().data_ptr(), stacked._v.untyped_storage().data_ptr()}
+        for row in caches:
+            layer = row.layers[i]
+            assert {t.untyped_storage().data_ptr() for t in (layer._k, layer._v, layer.keys, layer.values)} <= storage
