@@ -303,3 +303,18 @@ def test_stacked_rows_hold_no_copy_of_their_own_kv(tiny, name):
         for row in caches:
             layer = row.layers[i]
             assert {t.untyped_storage().data_ptr() for t in (layer._k, layer._v, layer.keys, layer.values)} <= storage
+
+
+@pytest.mark.parametrize("name", sorted(discover()))
+def test_auto_decodes_a_batch_in_the_stacked_step_on_any_device(tiny, name, monkeypatch):
+    """static_decode=auto (the default): a batch of rows takes the stacked static step on this CPU too, for every
+    registered method in its default configuration, so no decode step loops over rows; one row alone decodes
+    eagerly here (on CUDA statically, as a CUDA graph)."""
+    recorder = Recorder(tiny, monkeypatch)
+    looped = []
+    monkeypatch.setattr("locks.core.attention.row_attention",
+                        lambda *a, **k: looped.append(1) or row_attention(*a, **k))
+    rows, _ = together(tiny, name, "auto", recorder=recorder)
+    assert not looped and {row.cache.decode_mode for row in rows} == {"static"}, name
+    (_, cache, _), = alone(tiny, name, "auto", recorder=recorder, inputs=[(prompts()[0], NEW_TOKENS[0])])
+    assert cache.decode_mode == "eager"
