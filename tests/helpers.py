@@ -296,6 +296,20 @@ def default_method_options(name: str) -> dict | None:
     return {k: v for k, v in cfg.items() if k not in ("name", "budget", "backend")}
 
 
+# how a row was decoded, not what it decoded: on the CPU batch 1 decodes eagerly and a batch of rows in the stacked
+# static step (static_decode=auto), so a batched record differs from batch 1's in these fields only
+HOW_DECODED = ("decode_mode", "decode_instrumented")
+
+
+def decoded_as(records: list[dict]) -> set:
+    """The records' decode modes, with HOW_DECODED removed from each (to compare what they decoded)."""
+    modes = set()
+    for r in records:
+        modes.add(r.pop("decode_mode"))
+        r.pop("decode_instrumented")
+    return modes
+
+
 def assert_records_close(got, want, where="", rel=1e-6, loose=None) -> None:
     """Two predictions rows or metrics.json records (timings removed) equal in every field, floats to `rel`: what a
     batch of rows records against batch 1, whose batched matrix products round differently. `loose`: {field name:
