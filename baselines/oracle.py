@@ -7,7 +7,7 @@ keys to do so, which its bytes report says: it is an accuracy reference, not an 
 """
 import torch
 
-from locks.core.paging import PageSelector, aggregate_heads, exact_page_lse
+from locks.core.paging import PageSelector, exact_page_lse
 from locks.core.reference import grouped_logits
 from locks.core.registry import register
 from locks.core.selector import row_length
@@ -29,20 +29,14 @@ class OracleSelector(PageSelector):
         logits = grouped_logits(query, keys[:, :, forced_tokens]) * self.info.scaling
         return torch.logsumexp(logits, dim=-1).reshape(B, Hq)
 
-    def static_candidate_scores(self, query, keys, length):
-        """The static step's aggregated scores with each head normalized by its exact total mass, as `select`: the
-        forced tokens (sink pages, recent pages, the partial page) are those of [0, S n) and [(L // n - R) n, L)."""
+    def static_forced_log_mass(self, query, keys, length):
         B, Hq, _ = query.shape
-        P, n = self.static_pages, self.page_size
-        scores = self.page_scores(query, keys, P)
         slots = torch.arange(keys.shape[2], device=keys.device)
-        L = row_length(length, 4)
-        recent = (torch.div(L, n, rounding_mode="floor") - self.recent_pages) * n
-        forced = (slots < self.sink_pages * n) | ((slots >= recent) & (slots < L))  # [1 or B, 1, 1, C]
-        logits = (grouped_logits(query, keys) * self.info.scaling).masked_fill(~forced, float("-inf"))
-        log_mass = torch.logsumexp(logits, dim=-1).reshape(B, Hq)  # -inf when nothing is forced: no term
-        candidates = self._static_candidates(length).expand(B, keys.shape[1], P)
-        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates, log_mass), scores
+        # a partial page past the preallocated complete pages is never a candidate
+        candidate = torch.nn.functional.pad(self._static_candidates(length), (0, 1))[..., slots // self.page_size]
+        forced = (slots < row_length(length, 3)) & ~candidate  # [1 or B, 1, capacity]
+        logits = (grouped_logits(query, keys) * self.info.scaling).masked_fill(~forced[:, :, None], float("-inf"))
+        return torch.logsumexp(logits, dim=-1).reshape(B, Hq)  # -inf when nothing is forced: no term
 
     def scoring_bytes(self, num_candidates):
         info = self.info

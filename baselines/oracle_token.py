@@ -49,9 +49,10 @@ class TokenOracleSelector(Selector):
         `budget` holds every valid token (attended: L, as the eager step's all-tokens selection)."""
         if self.static_fits:
             return Selection.all_tokens()
-        valid_slots = torch.arange(keys.shape[2], device=keys.device) < row_length(length, 4)
+        L = row_length(length, 4)
+        valid_slots = torch.arange(keys.shape[2], device=keys.device) < L
         top = top_units(grouped_logits(query, keys).masked_fill(~valid_slots, float("-inf")), self.budget)
-        return Selection(indices=top, valid=top < row_length(length, 4))
+        return Selection(indices=top, valid=top < L)
 
     def static_step_cost(self, length):
         if self.static_fits:

@@ -203,6 +203,11 @@ def pending(job: Job, samples: list[dict]) -> tuple[list[dict], list[dict]]:
     return done, todo
 
 
+def decode_modes(rows: list[dict]) -> str:
+    """How the rows were decoded, for a record of all of them: their decode modes, sorted and joined."""
+    return ",".join(sorted({str(r.get("decode_mode", "eager")) for r in rows}))
+
+
 def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
     """Aggregate the rows into metrics.json (written atomically, last), log it and print the score table."""
     config = job.config
@@ -216,7 +221,7 @@ def finish_job(job: Job, loaded, benchmark, done: list[dict], logger) -> dict:
         budget=config["method"]["budget"], budget_mode=config["method"].get("budget_mode"),
         benchmark=benchmark.run_record(loaded.tokenizer),
         attn_backend=resolve_backend(job.method.backend, loaded.device),
-        decode_mode=",".join(sorted({str(r.get("decode_mode", "eager")) for r in done})),
+        decode_mode=decode_modes(done),
         decode_instrumented=any(bool(r.get("decode_instrumented")) for r in done),
         batch_size=batch_size(config),
         prefill_backend=prefill_backend(loaded.device, loaded.dtype),

@@ -95,7 +95,7 @@ class AttentionWork:
 def throughput(args) -> list[dict]:
     from eval.benchmarks import build_benchmark
     from eval.results import sample_id
-    from eval.runner import batches, load_checked, method_spec, prompt_ids, run_samples
+    from eval.runner import batches, decode_modes, load_checked, method_spec, prompt_ids, run_samples
     from locks.core.prefill import capture_prefill, tensor_bytes
 
     base = [f"benchmark.num_samples={args.num_samples}", "logger=none", f"budget={args.budget}", *args.extra]
@@ -145,7 +145,7 @@ def throughput(args) -> list[dict]:
                           decode_samples_per_s=round(len(rows) / seconds, 3),
                           run_samples_per_s=round(len(rows) / (seconds + sum(prefill_s)), 3),
                           identical_predictions=predictions == reference,
-                          decode_mode=",".join(sorted({str(r["decode_mode"]) for r in rows})),
+                          decode_mode=decode_modes(rows),
                           # the selection + attention (+ accounting), and its share of the decode time
                           attention_s=round(work.seconds, 2), attention_share=round(work.seconds / seconds, 3),
                           state_bytes=peak or None,

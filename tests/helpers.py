@@ -305,8 +305,9 @@ def decoded_as(records: list[dict]) -> set:
     """The records' decode modes, with HOW_DECODED removed from each (to compare what they decoded)."""
     modes = set()
     for r in records:
-        modes.add(r.pop("decode_mode"))
-        r.pop("decode_instrumented")
+        modes.add(r["decode_mode"])
+        for field in HOW_DECODED:
+            r.pop(field)
     return modes
 
 

@@ -224,6 +224,11 @@ class PageSelector(Selector):
         """Exact log-mass of the forced tokens per query head, if the method can know it (Oracle). Default: None."""
         return None
 
+    def static_forced_log_mass(self, query: Tensor, keys: Tensor, length: Tensor) -> Tensor | None:
+        """`forced_log_mass` in a static step, whose forced tokens are the valid slots outside the candidate pages
+        (`_static_candidates`: sink pages, recent pages, the partial page). Default: None."""
+        return None
+
     def forced_pages(self, num_pages: int, room: int) -> list[int]:
         """Complete pages always attended (fair mode): sink pages, then recent pages newest first, at most `room`."""
         if self.budget_mode == "paper":
@@ -337,7 +342,8 @@ class PageSelector(Selector):
         P = self.static_pages
         scores = self.page_scores(query, keys, P)
         candidates = self._static_candidates(length).expand(query.shape[0], keys.shape[1], P)
-        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates), scores
+        return aggregate_heads(scores, self.info.group_size, self.aggregation, candidates,
+                               self.static_forced_log_mass(query, keys, length)), scores
 
     def _static_candidates(self, length: Tensor) -> Tensor:
         """[1 or B, 1, P] bool: each row's candidate pages [S, L // n - R)."""
