@@ -95,13 +95,14 @@ class RowBatch(Cache):
             raise ValueError(f"{len(capacities)} capacities for {len(self.rows)} rows")
         stack = len(self.rows) > 1 and all(layer.selector.row_state is not None
                                            for row in self.rows for layer in row.layers)
+        shared_kv = _share_kv_buffers(self.rows, max(capacities)) if stack else None
         for row, capacity in zip(self.rows, capacities):
             row.start_static(max(capacities) if stack else capacity)  # stacked rows share one capacity
             # a row that finishes before its first step keeps writing its first decode slot, never a prompt slot
             # (the prompt may be a prefill capture that other runs read)
             row.set_static_position(row.get_seq_length())
         if stack:
-            self.stacked = stack_rows(self.rows)
+            self.stacked = stack_rows(self.rows, shared_kv)
         self.phase = "decode_static"
         self.static_position = self.rows[0].static_position
         self.static_host_step = False
@@ -217,11 +218,32 @@ def stack_selectors(selectors: list, shared: dict | None = None):
     return stacked
 
 
-def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
+def _share_kv_buffers(rows: list[SelectorCache], capacity: int) -> list[tuple[Tensor, Tensor]]:
+    """Before rows that will be stacked start static decoding: per layer, one K and one V buffer [B, Hkv, capacity,
+    d] holding every row's cached tokens, each row's layer holding its row of them. The rows' `start_static` then
+    finds their buffers at capacity (it zeroes only the slots past their length) and `stack_rows` takes these
+    buffers as they are: the prompt's K/V is copied once, not into a row buffer and then into the stack."""
+    shared = []
+    for i in range(len(rows[0].layers)):
+        row_layers = [row.layers[i] for row in rows]
+        first = row_layers[0]._k
+        shape = (len(rows), first.shape[1], capacity, first.shape[3])
+        keys, values = (torch.empty(shape, dtype=first.dtype, device=first.device) for _ in range(2))
+        for r, layer in enumerate(row_layers):
+            keys[r : r + 1, :, : layer.length].copy_(layer.keys)
+            values[r : r + 1, :, : layer.length].copy_(layer.values)
+            layer.hold(keys[r : r + 1], values[r : r + 1])
+        shared.append((keys, values))
+    return shared
+
+
+def stack_rows(rows: list[SelectorCache], kv: list[tuple[Tensor, Tensor]] | None = None) -> SelectorCache:
     """One SelectorCache over rows that each started static decoding with the same capacity, every selector naming
     its `row_state`: K/V, selector state, slot and length ([B], row b's) and device counters stacked along the batch
     axis; each row's cache, layers and selectors then hold views of them (row b of every stacked tensor), so its
-    host hooks and accounting work on it as before, and a step over the stacked cache is every row's step."""
+    host hooks and accounting work on it as before, and a step over the stacked cache is every row's step. `kv`: per
+    layer, the (K, V) buffers whose rows the rows' layers already hold (`_share_kv_buffers`), else they are
+    concatenated."""
     if any(row.layers[0]._k.shape[0] != 1 for row in rows):
         raise ValueError("stacked rows must each hold one sequence")
     stacked = copy.copy(rows[0])
@@ -242,7 +264,10 @@ def stack_rows(rows: list[SelectorCache]) -> SelectorCache:
         layer = SelectorLayer(stack_selectors([lay.selector for lay in row_layers], shared))
         layer.device = row_layers[0].device
         layer.length = max(lay.length for lay in row_layers)
-        layer.hold(torch.cat([lay._k for lay in row_layers]), torch.cat([lay._v for lay in row_layers]))
+        if kv is not None and any(lay._k.data_ptr() != kv[i][0][r].data_ptr() for r, lay in enumerate(row_layers)):
+            raise ValueError("a row's layer no longer holds its row of the shared K/V buffers")
+        layer.hold(*(kv[i] if kv is not None else
+                     (torch.cat([lay._k for lay in row_layers]), torch.cat([lay._v for lay in row_layers]))))
         layer.is_initialized = True
         layer.static_position = stacked.static_position
         layer.static_rows = torch.arange(B, device=layer._k.device)  # the row index of each slot write
