@@ -7,13 +7,13 @@ page included). A query head bounds a page's largest logit by
     U_p(q) = sum_i max(q_i M_{p,i}, q_i m_{p,i}) = q+ . M_p + q- . m_p  >=  max_{j in p} q . k_j      (fp32)
 
 page_rule=kernel (the official FlashInfer path): the top budget // P - 1 pages but the last, plus the last (forced);
-eval (the official mask simulation): the top max(3, budget // P) pages of all. The first `dense_layers` layers and
-the prefill are dense.
+eval (the official mask simulation): the top max(3, budget // P) pages of all. The prefill is dense, and so are the
+first `dense_layers` layers (the core runs them: locks/core/dense.py).
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -24,20 +24,16 @@ from locks.core.reference import paged_attended, paged_tokens
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector, row_length
 from locks.core.topk import head_sets, top_units
-from locks.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class QuestOptions(Options):
     page_size: int = option(16, positive_int)  # P tokens per page
-    dense_layers: int = option(2, integer(0))  # the first layers attend densely and keep no bounds
+    dense_layers: int = option(2, integer(0))  # the first layers attend densely (locks/core/dense.py)
     page_rule: str = option("kernel", one_of("kernel", "eval"))
     gqa: str = option("per_head", one_of("per_head", "group"))  # a page set per query head, or per KV head
     group_reduce: str = option("max", one_of("max", "sum"))  # gqa=group: how the G heads' bounds combine
-
-    def check_budget(self, budget):
-        if budget < self.page_size:
-            raise ConfigError(f"budget must be >= method.page_size={self.page_size} tokens for quest (got {budget})")
+    budget_unit: ClassVar[str] = "page_size"
 
 
 @register
@@ -50,7 +46,7 @@ class QuestSelector(Selector):
 
     def __init__(self, info: LayerInfo, budget: int, **options):
         super().__init__(info, budget, **options)
-        self.dense = info.layer_idx < self.dense_layers
+        self.fused = info.backend == "triton"  # baselines/quest/kernels.py, imported only then
         self.page_budget = self.budget // self.page_size  # the kernel rule's pages, the last one included
         self.length = 0  # tokens folded into the bounds
         self._max = self._min = None  # [B, Hkv, capacity pages, d], the keys' dtype
@@ -60,12 +56,11 @@ class QuestSelector(Selector):
         self.append(ctx.keys, ctx.values)
 
     def append(self, keys: Tensor, values: Tensor) -> None:
-        if not self.dense:
-            self._max, self._min = extend_bounds(self._max, self._min, keys, self.length, self.page_size)
-            self.length = max(self.length, keys.shape[2])
+        self._max, self._min = extend_bounds(self._max, self._min, keys, self.length, self.page_size)
+        self.length = max(self.length, keys.shape[2])
 
     def memory_bytes(self, length: int) -> dict[str, float]:
-        info, pages = self.info, 0 if self.dense else -(-length // self.page_size)
+        info, pages = self.info, -(-length // self.page_size)
         return {**super().memory_bytes(length),
                 "state": float(2 * pages * info.head_dim * info.kv_element_bytes * info.num_kv_heads)}
 
@@ -74,18 +69,16 @@ class QuestSelector(Selector):
         B, Hq, d = query.shape
         Hkv = self._max.shape[1]
         M, m = self._max[:, :, :num_pages], self._min[:, :, :num_pages]
-        if (kernels := self._kernels()) is not None:  # min/max read once for the G heads
-            U = kernels.quest_page_scores(query, M, m, length=length, page_size=self.page_size)
+        if self.fused:  # min/max read once for the G heads
+            from baselines.quest.kernels import quest_page_scores
+
+            U = quest_page_scores(query, M, m, length=length, page_size=self.page_size)
             return U.view(B, Hkv, Hq // Hkv, num_pages)
         q = query.view(B, Hkv, Hq // Hkv, d).float()
         U = q.clamp(min=0) @ M.float().transpose(-1, -2) + q.clamp(max=0) @ m.float().transpose(-1, -2)
         if length is None:
             return U
         return U.masked_fill(torch.arange(num_pages, device=U.device) >= self._open_page(length), float("-inf"))
-
-    def _kernels(self):
-        """baselines/quest/kernels.py with backend triton (imported only then), else None."""
-        return importlib.import_module("baselines.quest.kernels") if self.info.backend == "triton" else None
 
     def _set_bounds(self, query: Tensor, num_pages: int, length: Tensor | None) -> Tensor:
         """`page_bounds` as one row of scores per page set (`head_sets`: per query head, or per KV head)."""
@@ -97,8 +90,6 @@ class QuestSelector(Selector):
     def _plan(self, L: int) -> tuple[int, int, int] | None:
         """(pages chosen by top-k, pages scored, forced tokens) at L cached tokens; None: a dense step."""
         P, n = self.page_size, -(-L // self.page_size)
-        if self.dense:
-            return None
         if self.page_rule == "kernel":
             return None if n <= self.page_budget else (self.page_budget - 1, n - 1, L - (n - 1) * P)
         if self.budget >= L:  # deviation: the official code takes L // P pages here (one short if L mod P != 0)
@@ -152,23 +143,21 @@ class QuestSelector(Selector):
     def start_static(self, capacity):
         pages = -(-capacity // self.page_size)
         self.static_fits = pages <= self.page_budget
-        if not self.dense:
-            self._max, self._min = reserve_bounds(self._max, self._min, -(-self.length // self.page_size), pages)
+        self._max, self._min = reserve_bounds(self._max, self._min, -(-self.length // self.page_size), pages)
 
     def select_static(self, query, keys, values, length):
-        if self.dense:
-            return Selection.all_tokens()
-        kernels = self._kernels()
-        (kernels.quest_append if kernels else fold_static_key)(keys, self._max, self._min, length, self.page_size)
+        if self.fused:
+            from baselines.quest.kernels import quest_append, quest_static_pages
+        (quest_append if self.fused else fold_static_key)(keys, self._max, self._min, length, self.page_size)
         if self.static_fits:
             return Selection.all_tokens()
         k, cap, sets = self.page_budget - 1, self._max.shape[2], self._sets()
-        if kernels is None:  # torch.topk, not a full sort: exact ties break as in the official select-k
+        if not self.fused:  # torch.topk, not a full sort: exact ties break as in the official select-k
             return Selection(pages=self._pages(query, cap, k, length, False), page_size=self.page_size,
                              attended_on_host=sets == 1)
         U = self._set_bounds(query, cap, length)
-        pages, attended = kernels.quest_static_pages(torch.topk(U, k, dim=-1).indices, length, self.page_size,
-                                                     self.page_budget, count=sets > 1)
+        pages, attended = quest_static_pages(torch.topk(U, k, dim=-1).indices, length, self.page_size,
+                                             self.page_budget, count=sets > 1)
         return Selection(pages=pages, page_size=self.page_size, attended_on_host=sets == 1, attended_rows=attended)
 
     def after_static_step(self, keys, values, length):
@@ -176,7 +165,7 @@ class QuestSelector(Selector):
 
     def static_step_cost(self, length):
         plan, sets = self._plan(length), self._sets()
-        host = self.dense or self.static_fits or sets == 1  # as the Selection's attended_on_host
+        host = self.static_fits or sets == 1  # as the Selection's attended_on_host
         if plan is None:
             return 0.0, 0.0, float(length) if host else None
         attended = float(plan[0] * self.page_size + plan[2]) if host else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from locks.errors import ConfigError
 
@@ -113,8 +113,15 @@ class Options:
     def check(self) -> None:
         """Rules between options: raise one ConfigError line. Default: none."""
 
+    # the option whose value is the smallest budget a selector can spend (its unit of selection, e.g. one page);
+    # None: any positive budget
+    budget_unit: ClassVar[str | None] = None
+
     def check_budget(self, budget: int) -> None:
-        """Rules between the options and the budget: raise one ConfigError line. Default: none."""
+        """Rules between the options and the budget: raise one ConfigError line. Default: budget >= `budget_unit`."""
+        if self.budget_unit is not None and budget < (unit := getattr(self, self.budget_unit)):
+            raise ConfigError(f"budget must be >= method.{self.budget_unit}={unit} tokens, the unit this method "
+                              f"selects (got {budget})")
 
     @classmethod
     def build(cls, options: dict) -> "Options":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -184,11 +185,7 @@ class PageOptions(Options):
     recent_window: int = option(0, integer(0))  # fair mode: the newest pages covering this many tokens are forced
     sink_pages: int = option(0, integer(0))  # fair mode: the first pages are forced
     aggregation: str = option("norm", one_of(*AGGREGATIONS))  # how the G query heads' page scores combine
-
-    def check_budget(self, budget):
-        if budget < self.page_size:
-            raise ConfigError(f"budget must be >= method.page_size={self.page_size} tokens for a page selector "
-                              f"(got {budget})")
+    budget_unit: ClassVar[str] = "page_size"
 
 
 class PageSelector(Selector):

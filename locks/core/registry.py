@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
+from locks.core.dense import DenseAttention
 from locks.core.selector import LayerInfo, Selector
 from locks.errors import ConfigError
 
@@ -82,4 +83,9 @@ class MethodSpec:
         return selector_class(self.name)
 
     def build(self, info: LayerInfo) -> Selector:
-        return self.selector_class()(info, budget=self.budget, **self.options)
+        """The method's selector of this layer; on the first `dense_layers` layers of a method that declares that
+        option, the core's dense layer (locks/core/dense.py)."""
+        cls = self.selector_class()
+        if info.layer_idx < getattr(cls.Options.build(self.options), "dense_layers", 0):
+            return DenseAttention(info, budget=self.budget)
+        return cls(info, budget=self.budget, **self.options)

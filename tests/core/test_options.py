@@ -66,8 +66,8 @@ def test_every_method_builds_from_its_options_and_refuses_an_unknown_one(name):
 
 
 @pytest.mark.parametrize("name,options,message", [
-    ("quest", {"page_size": 32}, "budget must be >= method.page_size=32 tokens for quest (got 16)"),
-    ("locks", {"page_size": 32, "rank": 8}, "budget must be >= method.page_size=32 tokens for a page selector"),
+    ("quest", {"page_size": 32}, "budget must be >= method.page_size=32 tokens, the unit this method selects (got 16)"),
+    ("locks", {"page_size": 32, "rank": 8}, "budget must be >= method.page_size=32 tokens, the unit this method selects"),
     ("rocketkv", {"budget_mode": "paper"}, None),
     ("shadowkv", {"budget_mode": "paper", "chunk_size": 12}, "a multiple of method.chunk_size=12"),
 ])

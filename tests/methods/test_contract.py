@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from locks.core.reference import sparse_decode
-from locks.core.registry import MethodSpec, discover
+from locks.core.registry import MethodSpec, discover, selector_class
 from locks.core.selector import LayerInfo, PrefillContext, Selection
 from locks.core.window import SlidingWindow
 from locks.errors import ConfigError
@@ -266,7 +266,6 @@ def test_every_method_config_builds_its_selector(path):
     from omegaconf import OmegaConf
 
     from eval.runner import method_spec
-    from locks.core.registry import selector_class
 
     cfg = OmegaConf.to_container(OmegaConf.load(path))
     assert cfg["name"] == path.stem and cfg["budget"] == "${budget}" and cfg["backend"] == "auto"
@@ -417,8 +416,10 @@ def test_every_method_decodes_models_with_sliding_window_layers(hybrid, method):
     cache = caches[0]
     for layer, info in zip(cache.layers, cache.infos):
         assert isinstance(layer.selector, SlidingWindow) == (info.sliding_window is not None)
-        if info.sliding_window is None:
-            assert layer.selector.name == method
+        if info.sliding_window is None:  # the method's, or the core's dense layer on its first `dense_layers`
+            dense = info.layer_idx < options.get("dense_layers", getattr(selector_class(method).Options,
+                                                                         "dense_layers", 0))
+            assert layer.selector.name == ("dense" if dense else method)
     stats = cache.stats.summary()
     kinds = stats["by_layer_type"]
     token_bytes = cache.infos[0].token_kv_bytes

@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from locks.core.attention import register_attention
 from locks.core.cache import SelectorCache
+from locks.core.dense import DenseAttention
 from locks.core.reference import sparse_decode
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, PrefillContext
@@ -380,7 +381,8 @@ def test_dense_layers_bit_identical_to_fullkv(tiny4):
         for h in hooks:
             h.remove()
     assert len(got[0]) == 8  # prefill + 7 decode steps
-    assert cache_q.selector(0)._max is None and cache_q.selector(1)._max is None  # no metadata in dense layers
+    # the core's dense layer, with no metadata
+    assert isinstance(cache_q.selector(0), DenseAttention) and isinstance(cache_q.selector(1), DenseAttention)
     assert cache_q.selector(2).length == 157
     compared = 0
     for step in range(8):  # call 0 = prefill; call i >= 1 decodes token i - 1: same inputs while tokens agree
@@ -465,6 +467,7 @@ def test_yaml_options_build():
 
     conf = OmegaConf.load("conf/method/quest.yaml")
     options = {k: v for k, v in OmegaConf.to_container(conf).items() if k not in ("name", "budget", "backend")}
-    s = quest(2048, 4, 2, layer_idx=0, **options)
-    assert s.page_size == 16 and s.dense and s.page_rule == "kernel" and s.gqa == "per_head"
-    assert s.select(torch.randn(1, 4, D), *make_kv(1, 2, 40)).dense
+    s = quest(2048, 4, 2, layer_idx=2, **options)
+    assert s.page_size == 16 and s.dense_layers == 2 and s.page_rule == "kernel" and s.gqa == "per_head"
+    dense = quest(2048, 4, 2, layer_idx=1, **options)  # the first two layers: the core's dense layer
+    assert isinstance(dense, DenseAttention) and dense.select(torch.randn(1, 4, D), *make_kv(1, 2, 40)).dense
