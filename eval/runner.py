@@ -129,7 +129,7 @@ def run_benchmark(config: dict, cfg) -> dict:
         events.record("job_start", job=job.label)
         seed_everything(int(job.config["seed"]))
         plan = functools.cache(lambda: run_plan(job.config, cfg.model, [job.method]))
-        loaded = load_checked(cfg.model, benchmark, plan)
+        loaded = load_checked(cfg.model, benchmark, plan, [job.method])
         job.config["prefill_chunk_size"] = plan().chunk  # what the plan was checked with (auto: resolved)
         check_context(job.config["benchmark"], loaded)
         with events.timed("samples"):
@@ -258,13 +258,30 @@ def check_files(model_cfg, benchmark) -> None:
     check_model_files(model_cfg)
 
 
-def load_checked(model_cfg, benchmark, plan=None):
+def check_methods_fit(methods: list[MethodSpec], model_cfg) -> None:
+    """Before the model loads: each method's options against the model's config.json (e.g. a calibration file made
+    for another model), read only when some method checks it."""
+    from locks.core.selector import Selector
+
+    checking = [m for m in methods if m.selector_class().check_model_config.__func__
+                is not Selector.check_model_config.__func__]
+    if checking:
+        from eval.memory_plan import model_config
+
+        config = model_config(model_cfg)
+        for method in checking:
+            method.check_model_config(config)
+
+
+def load_checked(model_cfg, benchmark, plan=None, methods: list[MethodSpec] = ()):
     """The model, once per process (a group of jobs shares it; timed in the event log), after everything the run
-    needs from disk has been checked (`check_files`), then its memory plan (`plan()`, eval/memory_plan.py), then the
-    tokenizer alone and what the benchmark needs of it (a chat template)."""
+    needs from disk has been checked (`check_files`, then the methods against the model's config), then its memory
+    plan (`plan()`, eval/memory_plan.py), then the tokenizer alone and what the benchmark needs of it (a chat
+    template)."""
     from locks.core.models import load_model, load_tokenizer
 
     check_files(model_cfg, benchmark)
+    check_methods_fit(list(methods), model_cfg)
     if plan is not None:
         check_plan(plan())
     with events.timed("tokenizer_load"):

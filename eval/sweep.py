@@ -112,7 +112,7 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
         events.record("job_start", job=job.label, group=len(jobs))
     seed_everything(seed)  # what each separate run does first, then the model and the samples
     plan = functools.cache(lambda: run_plan(config, cfg.model, [job.method for job in jobs], group=len(jobs)))
-    loaded = load_checked(cfg.model, benchmark, plan)
+    loaded = load_checked(cfg.model, benchmark, plan, [job.method for job in jobs])
     for job in jobs:  # what the plan was checked with (auto: resolved)
         job.config["prefill_chunk_size"] = plan().chunk
     check_context(config["benchmark"], loaded)

@@ -2,6 +2,7 @@
 greedy decoding through the harness, a whitespace tokenizer stub, synthetic K/V and dense references for selector
 tests, and tolerances for the kernel tests."""
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -69,9 +70,36 @@ def make_kv(B, Hkv, L, d=D, clustered=False, seed=0):
     return keys, torch.randn(B, Hkv, L, d, generator=g)
 
 
+def channel_config_for(heads: int, head_dim: int, layers: int = 8, seed: int = 0) -> str:
+    """A DoubleSparsity channel-ranking file (the official JSON format) for a selector built alone, without a model
+    to calibrate: seeded random permutations of every kind, `layers` layers (written once per shape)."""
+    import json
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / "locks-tests" / f"channels-{heads}-{head_dim}-{layers}-{seed}.json"
+    if not path.exists():
+        g = torch.Generator().manual_seed(seed)
+        rankings = {f"model.layers.{layer}.self_attn.{kind}": [torch.randperm(head_dim, generator=g).tolist()
+                                                                for _ in range(heads)]
+                    for layer in range(layers) for kind in ("q_proj", "k_proj", "qk_proj")}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(rankings))
+        os.replace(tmp, path)
+    return str(path)
+
+
+def alone(name: str, options: dict, heads: int, head_dim: int) -> dict:
+    """A method's options for a selector built alone (no model, so no calibration): DoubleSparsity gets a channel
+    file of the layer's shape unless one is given."""
+    if name == "doublesparsity" and options.get("channel_config", "auto") == "auto":
+        return {**options, "channel_config": channel_config_for(heads, head_dim)}
+    return options
+
+
 def build(name, budget, Hq, Hkv, **options):
     info = LayerInfo(layer_idx=0, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, scaling=SCALE)
-    return MethodSpec(name, budget, options).build(info)
+    return MethodSpec(name, budget, alone(name, options, Hq, D)).build(info)
 
 
 def prefill(selector, keys, values, Hq, prompt_len):
@@ -295,6 +323,12 @@ def default_method_options(name: str) -> dict | None:
     cfg = OmegaConf.to_container(OmegaConf.merge(top, {"method": OmegaConf.load(path)}), resolve=True)["method"]
     return {k: v for k, v in cfg.items() if k not in ("name", "budget", "backend")}
 
+
+# methods whose selections a last-bit difference in q or k can change, so two decode paths (eager and static, batch 1
+# and a batch) that round the model's matrix products differently may select differently at a step: LRQK's float32
+# near-ties in its proxy scores, and DoubleSparsity's low-bit labels, where a value at a rounding boundary of its
+# 2-bit code flips it and with it a tied token
+ROUNDING_SENSITIVE = ("lrqk", "doublesparsity")
 
 # how a row was decoded, not what it decoded: on the CPU batch 1 decodes eagerly and a batch of rows in the stacked
 # static step (static_decode=auto), so a batched record differs from batch 1's in these fields only

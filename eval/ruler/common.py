@@ -97,8 +97,8 @@ def check_sources(tasks, data_dir=None, essay_path=None, cache_dir=None) -> None
     the offline World English Bible; qa_1 / qa_2 read data_dir's squad.json / hotpotqa.json, else a copy rebuilt from
     the Hub under cache_dir/hub, which needs the Hub. cwe's english_words.json is optional up to the wonderwords pool
     (common_words.py says when it is needed) and is not checked here."""
-    from .offline_text import HOWTO as WEB_HOWTO
-    from .offline_text import web_text_path
+    from locks.offline_text import HOWTO as WEB_HOWTO
+    from locks.offline_text import web_text_path
     from .tasks import ALL_TASKS
 
     if essay_path is not None and not Path(essay_path).expanduser().is_file():

@@ -240,7 +240,7 @@ class SelectorCache(Cache):
         weight = next(model.parameters())
         self.backend = resolve_backend(method.backend, weight.device)
         self.prefill_backend = prefill_backend(weight.device, weight.dtype)
-        self.method = method
+        self.method = method = method.for_model(model)
         self.window_layers = window_layers
         infos = [
             LayerInfo(

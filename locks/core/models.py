@@ -209,6 +209,8 @@ def load_model(cfg, tokenizer=None) -> LoadedModel:
     else:
         raise ConfigError(f"model.source must be gguf_package, random or pretrained (got {cfg.source!r})")
     model.to(device).eval()
+    # what a method that calibrates on the model reads (DoubleSparsity: its text, and where to cache the result)
+    model.locks_tokenizer, model.locks_cache_dir = tokenizer, cfg.get("cache_dir")
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -115,6 +115,9 @@ class _RecordingSpec:
     def __init__(self, query_positions: int | None):
         self.query_positions = query_positions
 
+    def for_model(self, model) -> "_RecordingSpec":
+        return self
+
     def build(self, info: LayerInfo) -> Selector:
         return _Recorder(info, self.query_positions)
 

@@ -6,6 +6,7 @@ which runs the decorators.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 
@@ -81,6 +82,17 @@ class MethodSpec:
 
     def selector_class(self) -> type[Selector]:
         return selector_class(self.name)
+
+    def for_model(self, model) -> "MethodSpec":
+        """This spec with its options resolved for `model` (its selector class's `prepare_options`); itself when
+        nothing changes."""
+        options = self.selector_class().prepare_options(model, dict(self.options))
+        return self if options == self.options else dataclasses.replace(self, options=options)
+
+    def check_model_config(self, model_config) -> None:
+        """Before the model loads: the selector class's `check_model_config` of these options."""
+        cls = self.selector_class()
+        cls.check_model_config(cls.Options.build(self.options), model_config)
 
     def build(self, info: LayerInfo) -> Selector:
         """The method's selector of this layer; on the first `dense_layers` layers of a method that declares that

@@ -201,6 +201,17 @@ class Selector(ABC):
         # Tokens permanently evicted at prefill are False here (None = nothing evicted). [B, Hkv, L]
         self.alive: Tensor | None = None
 
+    @classmethod
+    def prepare_options(cls, model, options: dict) -> dict:
+        """The options as this model's selectors take them, resolved from the model itself once per cache (e.g. a
+        calibration computed from its activations). Default: unchanged."""
+        return options
+
+    @classmethod
+    def check_model_config(cls, options: Options, model_config) -> None:
+        """Before the model loads: raise one ConfigError line when these options cannot serve a model of this
+        transformers config (e.g. a calibration file made for another model). Default: nothing."""
+
     def prefill(self, ctx: PrefillContext) -> None:
         """Build per-layer state from the prompt. Default: nothing."""
 
@@ -333,6 +344,15 @@ def row_length(length: Tensor, dims: int) -> Tensor:
     """A static step's valid length, [1] or [B] (one per row), as a [1 or B, 1, ..., 1] tensor of `dims` dims that
     broadcasts over each row's trailing axes."""
     return length.view(-1, *([1] * (dims - 1)))
+
+
+def newest_key(keys: Tensor, length: Tensor) -> Tensor:
+    """A static step's newest key: slot length - 1 of the preallocated keys [B, H, capacity, d] (length [1], or [B]:
+    each stacked row's own) -> [B, H, 1, d]."""
+    position = length.reshape(-1) - 1
+    if position.numel() == 1:
+        return keys.index_select(2, position)
+    return keys[torch.arange(keys.shape[0], device=keys.device), :, position].unsqueeze(2)
 
 
 def check_finite(name: str, x: Tensor) -> None:

@@ -16,6 +16,17 @@ def head_sets(scores: Tensor, per_head: bool, reduce: str = "max") -> Tensor:
     return scores.sort(dim=2).values.sum(2, keepdim=True)
 
 
+def top_units_lowest_first(scores: Tensor, k: int) -> Tensor:
+    """What `top_units(scores, k, stable=True)` selects (exact ties to the lower index), by one top-k over int64
+    keys instead of a sort of every unit, so a static step can run it: key_i = (the fp32 score's order-preserving
+    bits << 32) + (n - 1 - i)."""
+    bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes +0.0, which it equals
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)  # negative floats: reverse the order
+    n = scores.shape[-1]
+    keys = (ordered << 32) + (n - 1 - torch.arange(n, device=scores.device))
+    return torch.topk(keys, k, dim=-1).indices.sort(dim=-1).values
+
+
 def top_units(scores: Tensor, k: int, stable: bool = False) -> Tensor:
     """The k best units of each set along the last axis, in increasing index order. `stable`: ties go to the lower
     index (a full stable sort: a larger k then always selects a superset); else torch.topk, whose order among

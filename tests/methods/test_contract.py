@@ -17,6 +17,7 @@ from tests.helpers import (
     SCALE,
     WINDOW,
     D,
+    alone,
     attended_mask,
     build,
     coverage,
@@ -52,6 +53,9 @@ SELECTOR_CONFIGS = [
     ("shadowkv", {"budget_mode": "paper", "outlier_chunks": 2}),
     ("lrqk", {"rank": 8}),  # rank 8: at d = 32 the default rank-32 proxy scan alone reads as much as dense (B9)
     ("lrqk", {"rank": 8, "budget_mode": "paper"}),
+    ("doublesparsity", {"dense_layers": 0}),
+    ("doublesparsity", {"dense_layers": 0, "label_bits": 16, "group_factor": 4}),
+    ("doublesparsity", {"dense_layers": 0, "channel": "qk"}),
 ]
 
 
@@ -312,8 +316,8 @@ def test_contract(name):
     from locks.core.reference import attended_per_kv_head
 
     options = default_options(name)
-    if name == "quest":
-        options["dense_layers"] = 0  # layer 0 below: Quest's first layers are dense by design
+    if name in ("quest", "doublesparsity"):
+        options["dense_layers"] = 0  # layer 0 below: their first layers are dense by design
 
     def run(budget, d, L, prompt):
         B, Hq, Hkv = 1, 4, 2
@@ -322,7 +326,7 @@ def test_contract(name):
         queries = torch.randn(L - prompt, B, Hq, d, generator=g)
         info = LayerInfo(layer_idx=0, num_heads=Hq, num_kv_heads=Hkv, head_dim=d, scaling=d ** -0.5)
         torch.manual_seed(1)
-        s = MethodSpec(name, budget, options).build(info)
+        s = MethodSpec(name, budget, alone(name, options, Hq, d)).build(info)
         s.prefill(PrefillContext(keys[:, :, :prompt], values[:, :, :prompt], torch.randn(B, Hq, prompt, d, generator=g),
                                  torch.arange(prompt).expand(B, -1), lambda: keys[:, :, :prompt]))
         steps = []
@@ -376,7 +380,7 @@ def test_the_token_oracle_bounds_every_method_per_query_head(name, clustered):
     """At equal attended tokens per query head, no selector covers more attention mass than the token Oracle (its
     own exact top tokens), whatever its granularity (pages, tokens, group-shared or per head)."""
     options = default_options(name)
-    if name == "quest":
+    if name in ("quest", "doublesparsity"):
         options["dense_layers"] = 0
     B, Hq, Hkv, L = 1, 8, 2, 900
     keys, values = make_kv(B, Hkv, L, clustered=clustered, seed=17)
