@@ -165,8 +165,8 @@ class DoubleSparsitySelector(Selector):
     def select_static(self, query, keys, values, length):
         """The newest key's labels written at slot length - 1; the top `budget` of the scores over the slots, those
         at or past the length at -inf (while L <= budget that is every valid token, as the eager dense step)."""
-        position = row_length(length, 1).reshape(-1) - 1
-        label = self._key_labels(newest_key(keys, length))  # [B, Hq, 1, r]
+        position = length.reshape(-1) - 1  # [1], or [B]: each stacked row's newest slot
+        label = self._key_labels(newest_key(keys, position))  # [B, Hq, 1, r]
         if position.numel() == 1:
             self.labels.index_copy_(2, position, label)
         else:

@@ -69,7 +69,7 @@ def fold_static_key(keys: Tensor, page_max: Tensor, page_min: Tensor, length: Te
     (length [1], or [B]: each stacked row's own) into its page, which it opens when it is the page's first."""
     position = length.reshape(-1) - 1
     page = torch.div(position, page_size, rounding_mode="floor")
-    fold_into_page(page_max, page_min, newest_key(keys, length), page, opens=position % page_size == 0)
+    fold_into_page(page_max, page_min, newest_key(keys, position), page, opens=position % page_size == 0)
 
 
 def reserve_bounds(page_max: Tensor, page_min: Tensor, used: int, pages: int) -> tuple[Tensor, Tensor]:

@@ -346,10 +346,9 @@ def row_length(length: Tensor, dims: int) -> Tensor:
     return length.view(-1, *([1] * (dims - 1)))
 
 
-def newest_key(keys: Tensor, length: Tensor) -> Tensor:
-    """A static step's newest key: slot length - 1 of the preallocated keys [B, H, capacity, d] (length [1], or [B]:
-    each stacked row's own) -> [B, H, 1, d]."""
-    position = length.reshape(-1) - 1
+def newest_key(keys: Tensor, position: Tensor) -> Tensor:
+    """A static step's newest key: slot `position` (= length - 1; [1], or [B]: each stacked row's own) of the
+    preallocated keys [B, H, capacity, d] -> [B, H, 1, d]."""
     if position.numel() == 1:
         return keys.index_select(2, position)
     return keys[torch.arange(keys.shape[0], device=keys.device), :, position].unsqueeze(2)
