@@ -70,21 +70,27 @@ def make_kv(B, Hkv, L, d=D, clustered=False, seed=0):
     return keys, torch.randn(B, Hkv, L, d, generator=g)
 
 
+def random_rankings(layers: int, heads: int, head_dim: int, seed: int = 0,
+                    kinds=("q_proj", "k_proj", "qk_proj")) -> dict:
+    """DoubleSparsity channel rankings in the official JSON format: a seeded random permutation per head, layer and
+    kind."""
+    g = torch.Generator().manual_seed(seed)
+    return {f"model.layers.{layer}.self_attn.{kind}": [torch.randperm(head_dim, generator=g).tolist()
+                                                        for _ in range(heads)]
+            for layer in range(layers) for kind in kinds}
+
+
 def channel_config_for(heads: int, head_dim: int, layers: int = 8, seed: int = 0) -> str:
-    """A DoubleSparsity channel-ranking file (the official JSON format) for a selector built alone, without a model
-    to calibrate: seeded random permutations of every kind, `layers` layers (written once per shape)."""
+    """A DoubleSparsity channel-ranking file for a selector built alone, without a model to calibrate:
+    `random_rankings` of every kind, `layers` layers (written once per shape)."""
     import json
     import tempfile
 
     path = Path(tempfile.gettempdir()) / "locks-tests" / f"channels-{heads}-{head_dim}-{layers}-{seed}.json"
     if not path.exists():
-        g = torch.Generator().manual_seed(seed)
-        rankings = {f"model.layers.{layer}.self_attn.{kind}": [torch.randperm(head_dim, generator=g).tolist()
-                                                                for _ in range(heads)]
-                    for layer in range(layers) for kind in ("q_proj", "k_proj", "qk_proj")}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(rankings))
+        tmp.write_text(json.dumps(random_rankings(layers, heads, head_dim, seed)))
         os.replace(tmp, path)
     return str(path)
 

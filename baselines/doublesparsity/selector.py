@@ -23,7 +23,7 @@ from torch import Tensor
 from locks.core.buffers import grown, resized
 from locks.core.options import Options, integer, one_of, option
 from locks.core.registry import register
-from locks.core.selector import LayerInfo, Selection, Selector, newest_key, row_length
+from locks.core.selector import LayerInfo, Selection, Selector, newest_key, row_length, write_slot
 from locks.core.topk import top_units_lowest_first
 from locks.errors import ConfigError
 
@@ -166,17 +166,14 @@ class DoubleSparsitySelector(Selector):
         """The newest key's labels written at slot length - 1; the top `budget` of the scores over the slots, those
         at or past the length at -inf (while L <= budget that is every valid token, as the eager dense step)."""
         position = length.reshape(-1) - 1  # [1], or [B]: each stacked row's newest slot
-        label = self._key_labels(newest_key(keys, position))  # [B, Hq, 1, r]
-        if position.numel() == 1:
-            self.labels.index_copy_(2, position, label)
-        else:
-            self.labels[torch.arange(label.shape[0], device=label.device), :, position] = label[:, :, 0]
+        write_slot(self.labels, position, self._key_labels(newest_key(keys, position)))
         if self.static_fits:
             return Selection.all_tokens()
-        valid_slots = torch.arange(self.labels.shape[2], device=keys.device) < row_length(length, 4)
+        L = row_length(length, 4)
+        valid_slots = torch.arange(self.labels.shape[2], device=keys.device) < L
         scores = self._scores(query, self.labels.shape[2]).masked_fill(~valid_slots, float("-inf"))
         top = top_units_lowest_first(scores, self.budget)
-        return Selection(indices=top, valid=top < row_length(length, 4))
+        return Selection(indices=top, valid=top < L)
 
     def after_static_step(self, keys, values, length):
         self.length = length

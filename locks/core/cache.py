@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from locks.core.buffers import grown, resized
 from locks.core.registry import MethodSpec
-from locks.core.selector import LayerInfo, Selector, StepStats, resolve_backend
+from locks.core.selector import LayerInfo, Selector, StepStats, resolve_backend, write_slot
 from locks.core.window import SlidingWindow
 from locks.errors import ConfigError
 
@@ -121,12 +121,9 @@ class SelectorLayer(DynamicLayer):
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         if self.static_position is not None:  # static decode: write the slot named on the device, return all slots
-            if self.static_position.numel() == 1:
-                self._k.index_copy_(2, self.static_position, key_states)
-                self._v.index_copy_(2, self.static_position, value_states)
-            else:  # stacked rows (locks/core/batch.py): row b's token goes to its own slot static_position[b]
-                self._k[self.static_rows, :, self.static_position] = key_states[:, :, 0]
-                self._v[self.static_rows, :, self.static_position] = value_states[:, :, 0]
+            # (stacked rows, locks/core/batch.py: row b's token goes to its own slot static_position[b])
+            write_slot(self._k, self.static_position, key_states, self.static_rows)
+            write_slot(self._v, self.static_position, value_states, self.static_rows)
             return self._k, self._v
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)

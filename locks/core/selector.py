@@ -354,6 +354,16 @@ def newest_key(keys: Tensor, position: Tensor) -> Tensor:
     return keys[torch.arange(keys.shape[0], device=keys.device), :, position].unsqueeze(2)
 
 
+def write_slot(buffer: Tensor, position: Tensor, value: Tensor, rows: Tensor | None = None) -> None:
+    """`newest_key`'s inverse: value [B, H, 1, d] into slot `position` ([1], or [B]: each stacked row's own) of the
+    preallocated buffer [B, H, capacity, d], in place. `rows`: torch.arange(B), where the caller keeps one."""
+    if position.numel() == 1:
+        buffer.index_copy_(2, position, value)
+        return
+    rows = torch.arange(buffer.shape[0], device=buffer.device) if rows is None else rows
+    buffer[rows, :, position] = value[:, :, 0]
+
+
 def check_finite(name: str, x: Tensor) -> None:
     if not torch.isfinite(x).all():
         raise ConfigError(f"{name} contain NaN or inf; the model or its weights are broken (check model.dtype)")

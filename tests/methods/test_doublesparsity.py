@@ -20,7 +20,7 @@ from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, PrefillContext
 from locks.core.topk import top_units, top_units_lowest_first
 from locks.errors import ConfigError
-from tests.helpers import TINY_LLAMA
+from tests.helpers import TINY_LLAMA, random_rankings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "conformance" / "doublesparsity" / "cases.pt"
 
@@ -40,12 +40,6 @@ def channel_file(tmp_path, rankings: dict) -> str:
     path = tmp_path / "channels.json"
     path.write_text(json.dumps(rankings))
     return str(path)
-
-
-def random_rankings(layers: int, heads: int, d: int, seed: int = 0) -> dict:
-    g = torch.Generator().manual_seed(seed)
-    return {layer_key(layer, "q_proj"): [torch.randperm(d, generator=g).tolist() for _ in range(heads)]
-            for layer in range(layers)}
 
 
 def selector(tmp_path, budget, Hq, Hkv, d, rankings=None, layer=2, **options):
@@ -225,7 +219,7 @@ def test_calibration_text_is_blocks_of_the_shipped_text():
 
 def test_a_channel_file_for_another_model_is_one_line_error(tmp_path):
     config = LlamaConfig(**TINY_LLAMA)
-    good = channel_file(tmp_path, random_rankings(2, 4, 16))
+    good = channel_file(tmp_path, random_rankings(2, 4, 16, kinds=("q_proj",)))
     check_channel_file(good, config, "q", dense_layers=0)
     (tmp_path / "other.json").write_text(json.dumps(random_rankings(2, 8, 16)))
     for path, match in ((str(tmp_path / "other.json"), "calibrated for another model"),
