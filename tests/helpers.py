@@ -103,6 +103,11 @@ def alone(name: str, options: dict, heads: int, head_dim: int) -> dict:
     return options
 
 
+# options under which a method that prunes its candidates itself (Twilight's top-p: a budget above the context still
+# prunes) keeps every candidate, for the tests that compare a budget >= the context with FullKV
+KEEP_ALL = {"twilight": {"top_p": 1.0, "top_p_mode": "exact"}}
+
+
 def build(name, budget, Hq, Hkv, **options):
     info = LayerInfo(layer_idx=0, num_heads=Hq, num_kv_heads=Hkv, head_dim=D, scaling=SCALE)
     return MethodSpec(name, budget, alone(name, options, Hq, D)).build(info)

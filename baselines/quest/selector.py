@@ -23,7 +23,7 @@ from locks.core.page_bounds import extend_bounds, fold_static_key, reserve_bound
 from locks.core.reference import paged_attended, paged_tokens
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector, row_length
-from locks.core.topk import head_sets, top_units
+from locks.core.topk import head_sets, top_units, top_units_lowest_first
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,11 @@ class QuestSelector(Selector):
             return None if n <= self.page_budget else (self.page_budget - 1, n - 1, L - (n - 1) * P)
         if self.budget >= L:  # deviation: the official code takes L // P pages here (one short if L mod P != 0)
             return None
-        k = min(max(3 if (self.budget_mode == "paper" or 3 * P <= self.budget) else 1, self.budget // P), n)
+        k = min(self._eval_pages(), n)
         return None if k >= n else (k, n, 0)
+
+    def _eval_pages(self) -> int:
+        return max(3 if (self.budget_mode == "paper" or 3 * self.page_size <= self.budget) else 1, self.page_budget)
 
     def _pages(self, query: Tensor, num_pages: int, k: int, length: Tensor | None, stable: bool) -> Tensor:
         """Each set's top-k pages in page order; with `length` the kernel rule's list: those k plus the open page,
@@ -137,12 +140,14 @@ class QuestSelector(Selector):
     # ----- static decode (the kernel rule): fixed shapes, the length on the device ----------------------------------
 
     def static_decode_error(self):
-        if self.page_rule != "kernel":
-            return "quest: static decode implements page_rule=kernel (the eval rule scores the open page too)"
+        if self.page_rule == "eval" and self.budget % self.page_size:  # else budget >= L and k < n would disagree
+            return (f"quest: static decode of page_rule=eval needs a budget that is a multiple of method.page_size="
+                    f"{self.page_size} (got {self.budget})")
 
     def start_static(self, capacity):
         pages = -(-capacity // self.page_size)
-        self.static_fits = pages <= self.page_budget
+        self.static_k = self.page_budget if self.page_rule == "kernel" else self._eval_pages()
+        self.static_fits = pages <= self.static_k
         self._max, self._min = reserve_bounds(self._max, self._min, -(-self.length // self.page_size), pages)
 
     def select_static(self, query, keys, values, length):
@@ -151,6 +156,12 @@ class QuestSelector(Selector):
         (quest_append if self.fused else fold_static_key)(keys, self._max, self._min, length, self.page_size)
         if self.static_fits:
             return Selection.all_tokens()
+        if self.page_rule == "eval":  # the top k of every page up to the open one, as the eager rule (ties lower)
+            last = self._open_page(length)
+            U = self._set_bounds(query, self._max.shape[2], None)
+            top = top_units_lowest_first(U.masked_fill(torch.arange(U.shape[-1], device=U.device) > last,
+                                                       float("-inf")), self.static_k)
+            return Selection(pages=top, page_valid=top <= last, page_size=self.page_size)
         k, cap, sets = self.page_budget - 1, self._max.shape[2], self._sets()
         if not self.fused:  # torch.topk, not a full sort: exact ties break as in the official select-k
             return Selection(pages=self._pages(query, cap, k, length, False), page_size=self.page_size,
@@ -165,7 +176,7 @@ class QuestSelector(Selector):
 
     def static_step_cost(self, length):
         plan, sets = self._plan(length), self._sets()
-        host = self.static_fits or sets == 1  # as the Selection's attended_on_host
+        host = self.static_fits or (sets == 1 and self.page_rule == "kernel")  # as the Selection's attended_on_host
         if plan is None:
             return 0.0, 0.0, float(length) if host else None
         attended = float(plan[0] * self.page_size + plan[2]) if host else None

@@ -30,6 +30,7 @@ from torch import Tensor
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from locks.core.cache import SelectorCache, SelectorLayer
+from locks.core.selector import Selector
 from locks.errors import ConfigError
 
 
@@ -159,9 +160,10 @@ def row_attention(attend, module, query, attention_mask, dropout, scaling, batch
 ROW_COUNTERS = ("static_attended", "static_bytes", "static_coverage")
 
 
-def _stacked(values: list):
+def _stacked(values: list, shared: dict | None = None):
     """The rows' values of one state attribute stacked along the batch axis: tensors concatenated (zero-padded where
-    a row's buffer is shorter: preallocated slots a static step masks), dataclasses field by field, and a host integer
+    a row's buffer is shorter: preallocated slots a static step masks), dataclasses field by field, selectors (a
+    wrapper's base) by their own `row_state`, and a host integer
     (a width that sizes the step's shapes, e.g. a top-k) as the rows' largest (each row masks past its own, which
     its row state names)."""
     first = values[0]
@@ -181,6 +183,8 @@ def _stacked(values: list):
             out[(slice(start, start + v.shape[0]), *(slice(0, n) for n in v.shape[1:]))] = v
             start += v.shape[0]
         return out
+    if isinstance(first, Selector):  # a wrapper's base selector (Twilight's): stacked as its own row_state says
+        return stack_selectors(values, shared)
     if dataclasses.is_dataclass(first):
         return dataclasses.replace(first, **{f.name: _stacked([getattr(v, f.name) for v in values])
                                              for f in dataclasses.fields(first) if isinstance(getattr(first, f.name), Tensor)})
@@ -209,11 +213,11 @@ def stack_selectors(selectors: list, shared: dict | None = None):
         parts = [getattr(s, name, None) for s in selectors]
         key = tuple(id(v) for v in parts)
         if key not in shared or not isinstance(parts[0], Tensor):
-            shared[key] = (_stacked(parts), parts)  # (the parts are kept so that their ids stay theirs)
+            shared[key] = (_stacked(parts, shared), parts)  # (the parts are kept so that their ids stay theirs)
         value = shared[key][0]
         setattr(stacked, name, value)
         for r, s in enumerate(selectors):
-            if hasattr(s, name) and not isinstance(value, int):  # a row keeps its own width
+            if hasattr(s, name) and not isinstance(value, (int, Selector)):  # a row keeps its own width, base
                 setattr(s, name, _row_view(value, r))
     return stacked
 

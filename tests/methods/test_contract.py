@@ -14,6 +14,7 @@ from locks.core.window import SlidingWindow
 from locks.errors import ConfigError
 from tests.helpers import (
     HYBRIDS,
+    KEEP_ALL,
     SCALE,
     WINDOW,
     D,
@@ -56,6 +57,9 @@ SELECTOR_CONFIGS = [
     ("doublesparsity", {"dense_layers": 0}),
     ("doublesparsity", {"dense_layers": 0, "label_bits": 16, "group_factor": 4}),
     ("doublesparsity", {"dense_layers": 0, "channel": "qk"}),
+    ("twilight", {"dense_layers": 0}),
+    ("twilight", {"dense_layers": 0, "top_p_mode": "exact"}),
+    ("twilight", {"dense_layers": 0, "base": "locks", "top_p": 0.95}),
 ]
 
 
@@ -76,7 +80,7 @@ SELECTOR_CONFIGS = [
 def test_budget_at_least_context_equals_fullkv(name, options, Hq, Hkv):
     B, L, prompt = 2, 203, 150
     keys, values = make_kv(B, Hkv, L, seed=Hq)
-    sel_obj = build(name, 4096, Hq, Hkv, **options)
+    sel_obj = build(name, 4096, Hq, Hkv, **{**options, **KEEP_ALL.get(name, {})})
     prefill(sel_obj, keys, values, Hq, prompt)
     for length in range(prompt + 1, L + 1):  # decode steps, crossing page boundaries
         sel_obj.append(keys[:, :, :length], values[:, :, :length])
@@ -316,17 +320,17 @@ def test_contract(name):
     from locks.core.reference import attended_per_kv_head
 
     options = default_options(name)
-    if name in ("quest", "doublesparsity"):
+    if "dense_layers" in options:
         options["dense_layers"] = 0  # layer 0 below: their first layers are dense by design
 
-    def run(budget, d, L, prompt):
+    def run(budget, d, L, prompt, extra=None):
         B, Hq, Hkv = 1, 4, 2
         keys, values = make_kv(B, Hkv, L, d=d, clustered=True, seed=3)
         g = torch.Generator().manual_seed(0)
         queries = torch.randn(L - prompt, B, Hq, d, generator=g)
         info = LayerInfo(layer_idx=0, num_heads=Hq, num_kv_heads=Hkv, head_dim=d, scaling=d ** -0.5)
         torch.manual_seed(1)
-        s = MethodSpec(name, budget, alone(name, options, Hq, d)).build(info)
+        s = MethodSpec(name, budget, alone(name, {**options, **(extra or {})}, Hq, d)).build(info)
         s.prefill(PrefillContext(keys[:, :, :prompt], values[:, :, :prompt], torch.randn(B, Hq, prompt, d, generator=g),
                                  torch.arange(prompt).expand(B, -1), lambda: keys[:, :, :prompt]))
         steps = []
@@ -335,7 +339,7 @@ def test_contract(name):
             steps.append((s.select(queries[t], keys[:, :, :length], values[:, :, :length]), length))
         return s, steps, (queries, keys, values)
 
-    s, steps, (queries, keys, values) = run(4096, D, 260, 200)
+    s, steps, (queries, keys, values) = run(4096, D, 260, 200, KEEP_ALL.get(name))
     out, _ = decode_output(s, queries[-1], keys, values)
     assert torch.allclose(out.double(), dense_reference(queries[-1], keys, values)[0], atol=1e-5)
 
@@ -380,7 +384,7 @@ def test_the_token_oracle_bounds_every_method_per_query_head(name, clustered):
     """At equal attended tokens per query head, no selector covers more attention mass than the token Oracle (its
     own exact top tokens), whatever its granularity (pages, tokens, group-shared or per head)."""
     options = default_options(name)
-    if name in ("quest", "doublesparsity"):
+    if "dense_layers" in options:
         options["dense_layers"] = 0
     B, Hq, Hkv, L = 1, 8, 2, 900
     keys, values = make_kv(B, Hkv, L, clustered=clustered, seed=17)
@@ -412,7 +416,7 @@ def test_every_method_decodes_models_with_sliding_window_layers(hybrid, method):
     options = default_method_options(method) or {}
     caches = []
     with torch.no_grad():
-        dense = teacher_forced_logits(model, ids, continuation, method, 4096, **options)
+        dense = teacher_forced_logits(model, ids, continuation, method, 4096, **{**options, **KEEP_ALL.get(method, {})})
         small = teacher_forced_logits(model, ids, continuation, method, 96 if method == "lrqk" else 32,
                                       cache_out=caches, **options)
     assert (dense - reference).abs().max() < 1e-5, (name, method)
