@@ -96,9 +96,10 @@ def channel_config_for(heads: int, head_dim: int, layers: int = 8, seed: int = 0
 
 
 def alone(name: str, options: dict, heads: int, head_dim: int) -> dict:
-    """A method's options for a selector built alone (no model, so no calibration): DoubleSparsity gets a channel
-    file of the layer's shape unless one is given."""
-    if name == "doublesparsity" and options.get("channel_config", "auto") == "auto":
+    """A method's options for a selector built alone (no model, so no calibration): DoubleSparsity (or Twilight over
+    it) gets a channel file of the layer's shape unless one is given."""
+    calibrated = name == "doublesparsity" or (name == "twilight" and options.get("base") == "doublesparsity")
+    if calibrated and options.get("channel_config", "auto") == "auto":
         return {**options, "channel_config": channel_config_for(heads, head_dim)}
     return options
 

@@ -8,7 +8,9 @@ text); query head h keeps the first r = d / group_factor of its ranking, S_h. At
                                                    pseudo-quantization over the r entries, none at b = 16)
     s_i = q~ . k~_i / sqrt(r)
 
-and head h attends exactly its `budget` tokens of largest s_i (every token while L <= budget). Nothing is forced: no
+and head h attends exactly its `budget` tokens of largest s_i (every token while L <= budget). variant=twilight is
+Twilight's re-implementation (its DoubleSparsity base, docs/methods/twilight.md): q~ = q_h[S_h] unquantized, k~_i by
+the per-token min/max quantizer of locks/core/quantize.py, s_i over sqrt(d). Nothing is forced: no
 sink, no window, the newest token competes too. A KV head reads the union of its G heads' sets. The key labels are
 kept per query head and cached as tokens arrive (the official system path's label cache); the first `dense_layers`
 layers are dense (the core's, locks/core/dense.py).
@@ -21,7 +23,8 @@ import torch
 from torch import Tensor
 
 from locks.core.buffers import grown, resized
-from locks.core.options import Options, integer, one_of, option
+from locks.core.options import Options, integer, one_of, option, path_or
+from locks.core.quantize import min_max_quantize
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector, newest_key, row_length, write_slot
 from locks.core.topk import top_units_lowest_first
@@ -42,12 +45,6 @@ def pseudo_quantize(x: Tensor, bits: int) -> Tensor:
     return torch.round((x - low) * scale).clamp(0, levels) / scale + low
 
 
-def _channel_config(key, value):
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{key} must be 'auto' or the path of a channel-ranking JSON file (got {value!r})")
-    return value
-
-
 @dataclass(frozen=True)
 class DoubleSparsityOptions(Options):
     channel: str = option("q", one_of("q", "k", "qk"))  # the ranking: mean |q|, |k| or |q * k| per channel
@@ -55,7 +52,8 @@ class DoubleSparsityOptions(Options):
     label_bits: int = option(2, integer(1))  # b-bit labels (16: unquantized)
     dense_layers: int = option(2, integer(0))  # the first layers attend densely (locks/core/dense.py)
     # auto: this model's calibration, computed once and cached (calibration.py); else a JSON file in the official format
-    channel_config: str = option("auto", _channel_config)
+    channel_config: str = option("auto", path_or("auto", "a channel-ranking JSON file"))
+    variant: str = option("official", one_of("official", "twilight"))  # twilight: Twilight's base (module docstring)
 
 
 @register
@@ -98,13 +96,16 @@ class DoubleSparsitySelector(Selector):
         check_channels(rows, self.info.num_heads, self.info.head_dim, f"layer {self.info.layer_idx}")
         return torch.as_tensor(rows, device=device)[:, : self.r]
 
-    def _label(self, x: Tensor) -> Tensor:
+    def _label(self, x: Tensor, key: bool) -> Tensor:
         """x [B, Hq, n, d] (queries, or keys repeated to query heads) -> Q_b(x[S_h]) [B, Hq, n, r] in fp32."""
         index = self.channels.view(1, -1, 1, self.r).expand(*x.shape[:3], self.r)
-        return pseudo_quantize(x.float().gather(-1, index), self.label_bits)
+        label = x.float().gather(-1, index)
+        if self.variant == "official":
+            return pseudo_quantize(label, self.label_bits)
+        return min_max_quantize(label, self.label_bits) if key and self.label_bits < 16 else label
 
     def _key_labels(self, keys: Tensor) -> Tensor:
-        return self._label(keys.repeat_interleave(self.info.group_size, dim=1))
+        return self._label(keys.repeat_interleave(self.info.group_size, dim=1), key=True)
 
     def prefill(self, ctx) -> None:
         self.reserve = int(ctx.max_new_tokens or 0)  # room for the generation's labels, as the cache has for its K/V
@@ -128,8 +129,9 @@ class DoubleSparsitySelector(Selector):
         a token's score then does not depend on how many slots the product spans, so the eager step (L slots) and
         the static one (every preallocated slot) rank the many exact ties of low-bit labels alike."""
         B, Hq, d = query.shape
-        q = self._label(query.view(B, Hq, 1, d)).double()
-        s = torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, :slots].double()).float() / self.r**0.5
+        q = self._label(query.view(B, Hq, 1, d), key=False).double()
+        scale = (self.r if self.variant == "official" else d) ** 0.5
+        s = torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, :slots].double()).float() / scale
         return s.view(B, self.info.num_kv_heads, self.info.group_size, slots)
 
     def _metadata_bytes(self, length: int) -> float:

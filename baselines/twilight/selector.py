@@ -1,7 +1,7 @@
 """Twilight (Lin et al. 2025, `docs/methods/twilight.md`): top-p pruning of a base selector's candidates.
 
-The base selector (Quest or LOCKS) picks a candidate set M0 with the budget B0 = `budget` as its cap. Each query head
-then estimates its attention weights on M0 from 4-bit keys and keeps the smallest high-mass part of them:
+The base selector (Quest, DoubleSparsity or LOCKS) picks a candidate set M0 with the budget B0 = `budget` as its cap.
+Each query head then estimates its attention weights on M0 from 4-bit keys and keeps the smallest high-mass part:
 
     K^_i = clamp(round((k_i - min_i) / s_i), 0, 15) s_i + min_i,  s_i = max(max_i - min_i, 1e-9) / 15
                                                                   (per token, over its d channels)
@@ -21,21 +21,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from locks.core.options import Options, integer, number, one_of, option
+from locks.core.options import Options, integer, number, one_of, option, path_or
+from locks.core.quantize import min_max_quantize
 from locks.core.reference import gather_tokens, paged_tokens
 from locks.core.registry import register, selector_class
 from locks.core.selector import LayerInfo, Selection, Selector, row_length
 from locks.errors import ConfigError
 
 BISECTION_STEPS = 20  # the kernel's loop ends within 18 (the bracket [0, P_0] halves to below its 1e-5 tolerance)
-
-
-def int4_keys(keys: Tensor, bits: int) -> Tensor:
-    """Per-token asymmetric min/max quantization over the last axis, dequantized (the official estimator's keys)."""
-    levels = 2**bits - 1
-    low = keys.amin(-1, keepdim=True)
-    scale = (keys.amax(-1, keepdim=True) - low).clamp(min=1e-9) / levels
-    return torch.clamp(torch.round((keys - low) / scale), 0, levels) * scale + low
 
 
 def top_p_exact(P: Tensor, tokens: Tensor, p: float) -> Tensor:
@@ -69,11 +62,13 @@ def top_p_bisection(P: Tensor, first: Tensor, p: float, steps: int = BISECTION_S
 @dataclass(frozen=True)
 class TwilightOptions(Options):
     # the selector whose candidates (budget B0) are pruned
-    base: str = option("quest", one_of("quest", "locks"), attr="base_name")
+    base: str = option("quest", one_of("quest", "doublesparsity", "locks"), attr="base_name")
     top_p: float = option(0.85, number(0.0, 1.0))  # the mass each query head keeps
     top_p_mode: str = option("kernel_compat", one_of("kernel_compat", "exact"))
     estimate_bits: int = option(4, integer(1))  # bits of the per-token keys that estimate the weights
     dense_layers: int = option(2, integer(0))  # the first layers attend densely (locks/core/dense.py)
+    # base=doublesparsity: its channel ranking (auto: calibrated on the model once, baselines/doublesparsity/)
+    channel_config: str = option("auto", path_or("auto", "a channel-ranking JSON file"))
 
     def check(self):
         if self.top_p <= 0:
@@ -81,12 +76,22 @@ class TwilightOptions(Options):
 
     def check_budget(self, budget: int) -> None:
         if self.base == "quest" and budget % 16:  # Quest's eval rule (fair) then takes Twilight's B0 / 16 pages
-            raise ConfigError(f"method=twilight with base=quest needs a budget that is a multiple of its 16-token pages "
-                              f"(got {budget})")
+            raise ConfigError(f"method=twilight with base=quest needs a budget that is a multiple of its 16-token "
+                              f"pages (got {budget})")
 
 
-# the base selectors as the official configs run them (Twilight's Quest: every page scored, per query head, no forced)
-BASE_OPTIONS = {"quest": {"page_size": 16, "page_rule": "eval", "gqa": "per_head", "dense_layers": 0}, "locks": {}}
+# the base selectors as the official configs run them (Twilight's Quest: every page scored, per query head, no forced;
+# its DoubleSparsity: r = d/2 channels of the q ranking, 2-bit key labels, its own variant)
+BASE_OPTIONS = {"quest": {"page_size": 16, "page_rule": "eval", "gqa": "per_head", "dense_layers": 0},
+                "doublesparsity": {"variant": "twilight", "channel": "q", "group_factor": 2, "label_bits": 2,
+                                   "dense_layers": 0},
+                "locks": {}}
+
+
+def base_options(options) -> dict:
+    """The base selector's options (`options`: Twilight's)."""
+    extra = {"channel_config": options.channel_config} if options.base == "doublesparsity" else {}
+    return {**BASE_OPTIONS[options.base], "budget_mode": "fair", **extra}  # B0 is a cap in either mode
 
 
 @register
@@ -100,12 +105,25 @@ class TwilightSelector(Selector):
 
     def __init__(self, info: LayerInfo, budget: int, **options):
         super().__init__(info, budget, **options)
-        options = {**BASE_OPTIONS[self.base_name], "budget_mode": "fair"}  # B0 is a cap in either mode
-        self.base = selector_class(self.base_name)(info, budget, **options)
+        self.base = selector_class(self.base_name)(info, budget, **base_options(self.options))
         self.kept: Tensor | None = None  # [B, 3] fp64: kept tokens summed over steps and query heads, heads, max
         self.folded: list[float] | None = None
 
-    # ----- the base selector's state and accounting ---------------------------------------------------------------
+    # ----- the base selector's options, state and accounting ------------------------------------------------------
+
+    @classmethod
+    def prepare_options(cls, model, options: dict) -> dict:
+        """base=doublesparsity, channel_config=auto -> the model's calibration file (as DoubleSparsity's own)."""
+        if options.get("base") != "doublesparsity":
+            return options
+        return {**options, **selector_class("doublesparsity").prepare_options(model, {
+            "channel_config": options.get("channel_config", "auto")})}
+
+    @classmethod
+    def check_model_config(cls, options, model_config) -> None:
+        if options.base == "doublesparsity":
+            base = selector_class("doublesparsity")
+            base.check_model_config(base.Options.build(base_options(options)), model_config)
 
     def prefill(self, ctx) -> None:
         self.base.prefill(ctx)
@@ -151,7 +169,7 @@ class TwilightSelector(Selector):
         """tokens/valid [B, Hkv, Gs, K] (M0) -> M [B, Hkv, G, K] bool; counts the kept tokens."""
         B, Hkv, Gs, K = tokens.shape
         G, d = self.info.group_size, self.info.head_dim
-        estimate = int4_keys(gather_tokens(keys, tokens).float(), self.estimate_bits).expand(B, Hkv, G, K, d)
+        estimate = min_max_quantize(gather_tokens(keys, tokens).float(), self.estimate_bits).expand(B, Hkv, G, K, d)
         q = query.view(B, Hkv, G, d).double()
         e = torch.einsum("bhgd,bhgkd->bhgk", q, estimate.double()).float() * self.info.scaling
         valid = valid.expand(B, Hkv, G, K)

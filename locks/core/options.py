@@ -84,6 +84,15 @@ def number(minimum: float | None = None, maximum: float | None = None, allow_non
     return check
 
 
+def path_or(literal: str, what: str) -> Check:
+    """`literal` (e.g. 'auto') or the path of `what`: any non-empty string (the method checks the file itself)."""
+    def check(key, value):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key} must be {literal!r} or the path of {what} (got {value!r})")
+        return value
+    return check
+
+
 def or_literal(check: Check, *literals) -> Check:
     """`check`, or one of these literal values (e.g. 'auto')."""
     def either(key, value):

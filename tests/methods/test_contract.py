@@ -60,6 +60,8 @@ SELECTOR_CONFIGS = [
     ("twilight", {"dense_layers": 0}),
     ("twilight", {"dense_layers": 0, "top_p_mode": "exact"}),
     ("twilight", {"dense_layers": 0, "base": "locks", "top_p": 0.95}),
+    ("twilight", {"dense_layers": 0, "base": "doublesparsity"}),
+    ("doublesparsity", {"dense_layers": 0, "variant": "twilight"}),
 ]
 
 

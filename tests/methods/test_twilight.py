@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from baselines.twilight.selector import BISECTION_STEPS, int4_keys, top_p_bisection, top_p_exact
+from baselines.twilight.selector import BISECTION_STEPS, top_p_bisection, top_p_exact
+from locks.core.quantize import min_max_quantize
 from locks.core.reference import sparse_decode
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, PrefillContext
@@ -19,10 +20,14 @@ CASES = torch.load(FIXTURES / "cases.pt")
 IDS = [case["name"] for case in CASES]
 
 
-def twilight(case, **options):
+def twilight(case, tmp_path=None, **options):
     Hq, Hkv, d, n = case["Hq"], case["Hkv"], case["d"], case["n"]
     info = LayerInfo(layer_idx=0, num_heads=Hq, num_kv_heads=Hkv, head_dim=d, scaling=d ** -0.5)
     options = {"dense_layers": 0, "top_p": case["top_p"], **options}
+    if case["base"] == "ds":  # the case's channel ranking as a file in the official format
+        path = tmp_path / f"{case['name']}.json"
+        path.write_text(json.dumps({"model.layers.0.self_attn.q_proj": case["channels"].tolist()}))
+        options.update(base="doublesparsity", channel_config=str(path))
     s = MethodSpec("twilight", case["budget"], options).build(info)
     keys, values = case["keys"], case["values"]
     s.prefill(PrefillContext(keys, values, torch.zeros(1, Hq, n, d), torch.arange(n)[None], lambda: keys))
@@ -49,17 +54,21 @@ def exact_reference(P: torch.Tensor, p: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_candidates_estimate_and_kept_tokens_equal_the_official_code(case):
-    """M0 = upstream's quest_selector (every page scored, the top B0 / 16 per query head), the 4-bit estimate on M0,
-    and the kept set M = M0 & top-p (kernel_compat = upstream's kernel, emulated by the conformance script)."""
-    s = twilight(case)
+def test_candidates_estimate_and_kept_tokens_equal_the_official_code(case, tmp_path):
+    """M0 = upstream's quest_selector (every page scored, the top B0 / 16 per query head) or double_sparse_selector
+    (its label scores too), the 4-bit estimate on M0, and the kept set M = M0 & top-p (kernel_compat = upstream's
+    kernel, emulated by the conformance script)."""
+    s = twilight(case, tmp_path)
     q, keys, values, n = case["query"], case["keys"], case["values"], case["n"]
     base = s.base.select(q, keys, values)
     m0 = torch.ones(case["Hq"], n, dtype=torch.bool) if base.dense else per_head_mask(base, n)
     assert torch.equal(m0, case["m0"][0])
     d = case["d"]
+    if case["base"] == "ds":
+        scores = s.base._scores(q, n).reshape(case["Hq"], n)
+        assert torch.allclose(scores, case["label_scores"][0], rtol=1e-5, atol=1e-5)
     rep = keys.repeat_interleave(case["Hq"] // case["Hkv"], dim=1)[0]
-    estimate = torch.einsum("hd,hnd->hn", q[0].double(), int4_keys(rep, 4).double()) / math.sqrt(d)
+    estimate = torch.einsum("hd,hnd->hn", q[0].double(), min_max_quantize(rep, 4).double()) / math.sqrt(d)
     assert torch.allclose(estimate[m0], case["estimate"][0][m0].double(), rtol=1e-5, atol=1e-5)
     sel = s.select(q, keys, values)
     assert torch.equal(per_head_mask(sel, n), case["mask"][0])
@@ -71,13 +80,13 @@ def test_candidates_estimate_and_kept_tokens_equal_the_official_code(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-def test_exact_top_p_is_the_smallest_high_mass_set(case):
+def test_exact_top_p_is_the_smallest_high_mass_set(case, tmp_path):
     """top_p_mode=exact on the official probabilities equals the definition; through the selector, M0 & that set."""
     P, m0, p = case["probs"][0], case["m0"][0], case["top_p"]
     tokens = torch.arange(case["n"]).expand_as(P)
     expected = torch.stack([exact_reference(row, p) for row in P])
     assert torch.equal(top_p_exact(P, tokens, p), expected)
-    sel = twilight(case, top_p_mode="exact").select(case["query"], case["keys"], case["values"])
+    sel = twilight(case, tmp_path, top_p_mode="exact").select(case["query"], case["keys"], case["values"])
     assert torch.equal(per_head_mask(sel, case["n"]), expected & m0)
 
 
@@ -110,7 +119,7 @@ def test_the_bisection_ends_within_its_steps_and_is_a_superset_of_exact_top_p():
 def test_int4_keys_are_the_per_token_min_max_quantizer():
     k = torch.randn(3, 40, 64) * torch.linspace(0.1, 4, 64)
     k[0, 0] = 2.5  # a constant token: range 0 -> scale 1e-9 / 15
-    hat = int4_keys(k, 4)
+    hat = min_max_quantize(k, 4)
     low, high = k.amin(-1, keepdim=True), k.amax(-1, keepdim=True)
     step = (high - low).clamp(min=1e-9) / 15
     codes = (hat - low) / step
@@ -121,7 +130,7 @@ def test_int4_keys_are_the_per_token_min_max_quantizer():
 
 def test_budget_and_bytes():
     case = CASES[0]
-    s = twilight(case)
+    s = twilight(case)  # base quest
     sel = s.select(case["query"], case["keys"], case["values"])
     d, Hq = case["d"], case["Hq"]
     base = s.base.select(case["query"], case["keys"], case["values"])
@@ -145,3 +154,19 @@ def test_manifest_records_the_upstream_commit():
     manifest = json.loads((FIXTURES / "manifest.json").read_text())
     assert manifest["upstream"] == "tsinghua-ideal/Twilight" and len(manifest["commit"]) == 40
     assert set(manifest["cases"]) == set(IDS)
+
+
+def test_a_doublesparsity_base_checks_its_channel_file_before_the_model_loads(tmp_path):
+    """base=doublesparsity: the base's calibration checks run through Twilight's hooks (a file for another model stops
+    the run in one line; channel_config=auto resolves to the model's calibration)."""
+    from transformers import LlamaConfig
+
+    from tests.helpers import TINY_LLAMA, random_rankings
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(random_rankings(2, 8, 16)))
+    spec = MethodSpec("twilight", 64, {"base": "doublesparsity", "channel_config": str(other)})
+    with pytest.raises(ConfigError, match="calibrated for another model") as error:
+        spec.check_model_config(LlamaConfig(**TINY_LLAMA))
+    assert "\n" not in str(error.value)
+    MethodSpec("twilight", 64, {"channel_config": str(other)}).check_model_config(LlamaConfig(**TINY_LLAMA))  # quest
