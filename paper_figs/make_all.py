@@ -10,11 +10,12 @@ import sys
 import traceback
 
 from paper_figs import (bytes_per_step, claims, e2e_decode, infinitebench_table, latency_speedup, launches,
-                        longbench_curve, locks_ablation, memory_table, ruler_embedded, ruler_gemma3, ruler_smollm2_8k)
+                        longbench_curve, locks_ablation, memory_table, ruler_embedded, ruler_gemma3, ruler_smollm2_8k,
+                        twilight_topp)
 from paper_figs.common import parse_args
 
 SCRIPTS = [ruler_embedded, ruler_smollm2_8k, ruler_gemma3, infinitebench_table, longbench_curve, latency_speedup, bytes_per_step, e2e_decode,
-           launches, memory_table, locks_ablation, claims]
+           launches, memory_table, locks_ablation, twilight_topp, claims]
 
 
 def main(argv=None) -> int:

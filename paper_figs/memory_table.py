@@ -21,7 +21,7 @@ from paper_figs.common import parse_args, rel
 NAME = "memory"
 CONTEXTS = (131072, 1048576)
 BUDGET = 2048
-METHODS = ("fullkv", "locks", "quest", "shadowkv", "rocketkv", "lrqk")
+METHODS = ("fullkv", "locks", "quest", "shadowkv", "rocketkv", "lrqk", "doublesparsity", "twilight")
 GIB = 2 ** 30
 
 

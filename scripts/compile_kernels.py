@@ -95,7 +95,10 @@ def shapes():
 def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
     """Yields (site, params, thunk): thunk() calls the kernel entry points (K: locks.kernels, LK: locks.method.kernels,
     QK: baselines.quest.kernels; RK: baselines.rocketkv.kernels; SK: baselines.shadowkv.kernels; LR:
-    baselines.lrqk.kernels) on meta tensors."""
+    baselines.lrqk.kernels; DS: baselines.doublesparsity.kernels; TW: baselines.twilight.kernels) on meta
+    tensors."""
+    from baselines.doublesparsity import kernels as DS
+    from baselines.twilight import kernels as TW
     from baselines.lrqk import kernels as LR
     from baselines.rocketkv import kernels as RK
     from baselines.shadowkv import kernels as SK
@@ -216,6 +219,26 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
             yield "rocketkv.select_static tokens", lp, (
                 lambda B=B, H=H, i=index, r=rprm, lt=lt, kk=min(budget, cap), L=L: RK.rocket_static_tokens(
                     meta(B, H, kk, dtype=torch.int64), i, r, lt, L))
+
+        # baselines/doublesparsity/selector.py select_static (backend triton): the newest label, every slot's label
+        # score and ranking key in one launch; the official 2-bit labels, Twilight's variant, unquantized labels
+        r = d // 2
+        channels, labels = meta(Hq, r, dtype=torch.int64), meta(B, Hq, L, r, dtype=torch.float32)
+        for (lt, lp), quantizers in itertools.product(lengths, (("official", "official"), ("none", "twilight"),
+                                                                ("none", "none"))):
+            yield "doublesparsity.select_static", dict(lp, labels=quantizers[1]), (
+                lambda q=q, k=k, ch=channels, lab=labels, lt=lt, qz=quantizers, r=r: DS.ds_static_keys(
+                    q, k, ch, lab, lt, 2, *qz, r ** 0.5))
+
+        # baselines/twilight/selector.py prune (backend triton, eager and static): the 4-bit estimate, P and the
+        # bisection (kernel_compat) or P alone (exact) over a base's candidates, shared by a KV head (LOCKS's page
+        # list, with its partial page) or per query head (Quest, DoubleSparsity)
+        top_p = meta(1, dtype=torch.float64)
+        for gs, n, bisection in itertools.product(sorted({1, G}), (budget, budget + PAGE), (True, False)):
+            yield "twilight.prune", dict(p, Gs=gs, candidates=n, kernel_compat=bisection), (
+                lambda q=q, k=k, B=B, H=H, gs=gs, n=n, bisection=bisection, s=scaling, tp=top_p: TW.twilight_prune(
+                    q, k, meta(B, H, gs, n, dtype=torch.int64), meta(B, H, gs, n, dtype=torch.bool), s, tp, 4,
+                    bisection, 20))
 
         # locks/core/host_rows.py gather_missed_rows, the static steps of the offloading methods: ShadowKV's value
         # chunks (8 tokens of d values, budget // 8 chunks) and LRQK's cold [K|V] rows (2d values, G * top_k rows)

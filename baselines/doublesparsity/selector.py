@@ -27,7 +27,7 @@ from locks.core.options import Options, integer, one_of, option, path_or
 from locks.core.quantize import min_max_quantize
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector, newest_key, row_length, write_slot
-from locks.core.topk import top_units_lowest_first
+from locks.core.topk import lowest_first_keys, top_of_keys, top_units_lowest_first
 from locks.errors import ConfigError
 
 from baselines.doublesparsity.calibration import (calibrated_file, check_channel_file, check_channels, layer_channels,
@@ -74,6 +74,7 @@ class DoubleSparsitySelector(Selector):
             raise ConfigError("method.channel=k ranks channels per KV head, which the official code applies to the "
                               "first H_kv query heads only under GQA; use channel=q or qk")
         self.r = d // self.group_factor
+        self.fused = info.backend == "triton"  # the static selection in one launch (kernels.py), imported only then
         self.channels: Tensor | None = None  # S_h [Hq, r], read from the channel config at the prefill
         self.labels: Tensor | None = None  # k~ per query head [B, Hq, capacity, r] fp32
         self.length = 0  # tokens labelled
@@ -96,13 +97,23 @@ class DoubleSparsitySelector(Selector):
         check_channels(rows, self.info.num_heads, self.info.head_dim, f"layer {self.info.layer_idx}")
         return torch.as_tensor(rows, device=device)[:, : self.r]
 
+    def _quantizers(self) -> tuple[str, str]:
+        """(query's, keys') label quantizer: official = pseudo_quantize, twilight = min_max_quantize, or none."""
+        if self.label_bits >= 16:
+            return "none", "none"
+        return ("official", "official") if self.variant == "official" else ("none", "twilight")
+
+    def _scale(self) -> float:
+        return (self.r if self.variant == "official" else self.info.head_dim) ** 0.5
+
     def _label(self, x: Tensor, key: bool) -> Tensor:
         """x [B, Hq, n, d] (queries, or keys repeated to query heads) -> Q_b(x[S_h]) [B, Hq, n, r] in fp32."""
         index = self.channels.view(1, -1, 1, self.r).expand(*x.shape[:3], self.r)
         label = x.float().gather(-1, index)
-        if self.variant == "official":
+        quantizer = self._quantizers()[key]
+        if quantizer == "official":
             return pseudo_quantize(label, self.label_bits)
-        return min_max_quantize(label, self.label_bits) if key and self.label_bits < 16 else label
+        return min_max_quantize(label, self.label_bits) if quantizer == "twilight" else label
 
     def _key_labels(self, keys: Tensor) -> Tensor:
         return self._label(keys.repeat_interleave(self.info.group_size, dim=1), key=True)
@@ -130,8 +141,7 @@ class DoubleSparsitySelector(Selector):
         the static one (every preallocated slot) rank the many exact ties of low-bit labels alike."""
         B, Hq, d = query.shape
         q = self._label(query.view(B, Hq, 1, d), key=False).double()
-        scale = (self.r if self.variant == "official" else d) ** 0.5
-        s = torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, :slots].double()).float() / scale
+        s = torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, :slots].double()).float() / self._scale()
         return s.view(B, self.info.num_kv_heads, self.info.group_size, slots)
 
     def _metadata_bytes(self, length: int) -> float:
@@ -166,15 +176,23 @@ class DoubleSparsitySelector(Selector):
 
     def select_static(self, query, keys, values, length):
         """The newest key's labels written at slot length - 1; the top `budget` of the scores over the slots, those
-        at or past the length at -inf (while L <= budget that is every valid token, as the eager dense step)."""
+        at or past the length at -inf (while L <= budget that is every valid token, as the eager dense step).
+        Backend triton: labels, scores and ranking keys in one launch (kernels.py), then torch.topk."""
+        L, (B, Hkv, cap, _) = row_length(length, 4), keys.shape
+        if self.fused and not self.static_fits:
+            from baselines.doublesparsity.kernels import ds_static_keys
+
+            ranking = ds_static_keys(query, keys, self.channels, self.labels, length, self.label_bits,
+                                     *self._quantizers(), self._scale()).view(B, Hkv, -1, cap)
+            top = top_of_keys(ranking, self.budget)
+            return Selection(indices=top, valid=top < L)
         position = length.reshape(-1) - 1  # [1], or [B]: each stacked row's newest slot
         write_slot(self.labels, position, self._key_labels(newest_key(keys, position)))
         if self.static_fits:
             return Selection.all_tokens()
-        L = row_length(length, 4)
         valid_slots = torch.arange(self.labels.shape[2], device=keys.device) < L
         scores = self._scores(query, self.labels.shape[2]).masked_fill(~valid_slots, float("-inf"))
-        top = top_units_lowest_first(scores, self.budget)
+        top = top_of_keys(lowest_first_keys(scores), self.budget)
         return Selection(indices=top, valid=top < L)
 
     def after_static_step(self, keys, values, length):

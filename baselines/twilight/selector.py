@@ -108,6 +108,8 @@ class TwilightSelector(Selector):
         self.base = selector_class(self.base_name)(info, budget, **base_options(self.options))
         self.kept: Tensor | None = None  # [B, 3] fp64: kept tokens summed over steps and query heads, heads, max
         self.folded: list[float] | None = None
+        self.fused = info.backend == "triton"  # the pruning in one launch (kernels.py), imported only then
+        self.top_p_on_device: Tensor | None = None  # [1] fp64, what the fused kernel compares the mass with
 
     # ----- the base selector's options, state and accounting ------------------------------------------------------
 
@@ -128,6 +130,7 @@ class TwilightSelector(Selector):
     def prefill(self, ctx) -> None:
         self.base.prefill(ctx)
         self.kept = torch.zeros(ctx.keys.shape[0], 3, dtype=torch.float64, device=ctx.keys.device)
+        self.top_p_on_device = torch.tensor([self.top_p], dtype=torch.float64, device=ctx.keys.device)
 
     def prefill_queries(self):
         return self.base.prefill_queries()
@@ -166,21 +169,28 @@ class TwilightSelector(Selector):
     # ----- the pruning: one rule for eager and static steps ---------------------------------------------------------
 
     def prune(self, query: Tensor, keys: Tensor, tokens: Tensor, valid: Tensor) -> Tensor:
-        """tokens/valid [B, Hkv, Gs, K] (M0) -> M [B, Hkv, G, K] bool; counts the kept tokens."""
+        """tokens/valid [B, Hkv, Gs, K] (M0) -> M [B, Hkv, G, K] bool; counts the kept tokens. Backend triton: the
+        estimate, P and the bisection in one launch (kernels.py)."""
         B, Hkv, Gs, K = tokens.shape
         G, d = self.info.group_size, self.info.head_dim
-        estimate = min_max_quantize(gather_tokens(keys, tokens).float(), self.estimate_bits).expand(B, Hkv, G, K, d)
-        q = query.view(B, Hkv, G, d).double()
-        e = torch.einsum("bhgd,bhgkd->bhgk", q, estimate.double()).float() * self.info.scaling
-        valid = valid.expand(B, Hkv, G, K)
-        e = e.masked_fill(~valid, float("-inf"))
-        w = torch.exp((e - e.amax(-1, keepdim=True)).double())
-        P = (w / w.sum(-1, keepdim=True)).float()
-        tokens = tokens.expand(B, Hkv, G, K)
-        if self.top_p_mode == "exact":
-            keep = top_p_exact(P, tokens, self.top_p)
+        bisection = self.top_p_mode == "kernel_compat"
+        if self.fused:
+            from baselines.twilight.kernels import twilight_prune
+
+            keep, P = twilight_prune(query, keys, tokens, valid, self.info.scaling, self.top_p_on_device,
+                                     self.estimate_bits, bisection, BISECTION_STEPS)
         else:
+            estimate = min_max_quantize(gather_tokens(keys, tokens).float(), self.estimate_bits)
+            q = query.view(B, Hkv, G, d).double()
+            e = torch.einsum("bhgd,bhgkd->bhgk", q, estimate.expand(B, Hkv, G, K, d).double()).float()
+            e = (e * self.info.scaling).masked_fill(~valid, float("-inf"))
+            w = torch.exp((e - e.amax(-1, keepdim=True)).double())
+            P = (w / w.sum(-1, keepdim=True)).float()
+        tokens, valid = tokens.expand(B, Hkv, G, K), valid.expand(B, Hkv, G, K)
+        if not self.fused and bisection:
             keep = top_p_bisection(P, (P * (tokens == 0)).sum(-1), self.top_p)[0]
+        elif not bisection:
+            keep = top_p_exact(P, tokens, self.top_p)
         keep = keep & valid
         counts = keep.sum(-1).flatten(1).to(torch.float64)  # [B, Hq]
         self.kept[:, 0] += counts.sum(-1)

@@ -18,12 +18,20 @@ def head_sets(scores: Tensor, per_head: bool, reduce: str = "max") -> Tensor:
 
 def top_units_lowest_first(scores: Tensor, k: int) -> Tensor:
     """What `top_units(scores, k, stable=True)` selects (exact ties to the lower index), by one top-k over int64
-    keys instead of a sort of every unit, so a static step can run it: key_i = (the fp32 score's order-preserving
-    bits << 32) + (n - 1 - i)."""
+    keys instead of a sort of every unit, so a static step can run it."""
+    return top_of_keys(lowest_first_keys(scores), k)
+
+
+def lowest_first_keys(scores: Tensor) -> Tensor:
+    """key_i = (the fp32 score's order-preserving bits << 32) + (n - 1 - i): larger score first, ties to lower i."""
     bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes +0.0, which it equals
     ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)  # negative floats: reverse the order
     n = scores.shape[-1]
-    keys = (ordered << 32) + (n - 1 - torch.arange(n, device=scores.device))
+    return (ordered << 32) + (n - 1 - torch.arange(n, device=scores.device))
+
+
+def top_of_keys(keys: Tensor, k: int) -> Tensor:
+    """The k largest int64 keys' positions along the last axis, in increasing order."""
     return torch.topk(keys, k, dim=-1).indices.sort(dim=-1).values
 
 

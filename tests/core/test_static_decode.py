@@ -135,7 +135,7 @@ def test_methods_without_a_static_path_say_why(tiny, name, options):
 INTERPRETED_OPTIONS = {"lrqk": {"rank": 8}}
 
 
-@pytest.mark.parametrize("method", ["locks", "quest", "rocketkv", "shadowkv", "lrqk"])
+@pytest.mark.parametrize("method", ["locks", "quest", "rocketkv", "shadowkv", "lrqk", "doublesparsity", "twilight"])
 def test_static_decode_triton_matches_torch(tiny, method):
     """The fused kernels in the static step (interpreter on CPU) select and attend as the reference does, and
     measure the same coverage and certificate (locks/kernels/coverage.py against the reference ops)."""
@@ -273,7 +273,7 @@ def test_static_step_is_replayable_torch(tiny, method, budget, options):
     check_replayable(traced_steps(tiny, method, budget, options, "torch", POSITIONS), method)
 
 
-@pytest.mark.parametrize("method", ["fullkv", "locks", "quest", "rocketkv", "lrqk"])
+@pytest.mark.parametrize("method", ["fullkv", "locks", "quest", "rocketkv", "lrqk", "doublesparsity", "twilight"])
 def test_static_step_is_replayable_triton(tiny, method, triton_launches):
     """Steps at a page boundary and past it (LRQK, whose step has no pages and whose ring turns every 64 tokens:
     three consecutive steps). A 317-token prompt (19 pages + 13 tokens: the tail of POSITIONS' first step) keeps

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_e2e_dry_run(tmp_path):
     """scripts/bench_e2e.py --dry-run: random-weight GLM-shaped model, cache filled at 700 tokens and every
-    selector's own prefill on it, the static step of FullKV (twice), LOCKS, Quest, ShadowKV, RocketKV and LRQK
-    (eager on CPU) at batch 1 and 2, its check against an eager run, and the e2e records: equal rows read the same
+    selector's own prefill on it, the static step of FullKV (twice), LOCKS, Quest, ShadowKV, RocketKV, LRQK,
+    DoubleSparsity and Twilight (eager on CPU) at batch 1 and 2, its check against an eager run, and the e2e records: equal rows read the same
     bytes per row and the weights once per step; host-to-device bytes with their floor at the run's measured copy
     bandwidth; each method's own design's device and host bytes."""
     out = tmp_path / "e2e.jsonl"
@@ -32,7 +32,7 @@ def test_bench_e2e_dry_run(tmp_path):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert recs[0]["kind"] == "run" and recs[0]["script"] == "bench_e2e"
     checks = [r for r in recs if r["kind"] == "check"]
-    methods = ("fullkv", "fullkv_sdpa", "locks", "quest", "shadowkv", "rocketkv", "lrqk")
+    methods = ("fullkv", "fullkv_sdpa", "locks", "quest", "shadowkv", "rocketkv", "lrqk", "doublesparsity", "twilight")
     assert set(bench_e2e.METHODS) == set(methods)
     assert len(checks) == 2 * len(methods) and all(c["ok"] and c["max_rel_err"] <= 1e-2 for c in checks)
     bandwidth = [r for r in recs if r["kind"] == "bandwidth"]

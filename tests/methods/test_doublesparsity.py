@@ -239,3 +239,31 @@ def test_bad_options_are_one_line_errors(tmp_path, options, match):
     with pytest.raises(ConfigError, match=match) as err:
         selector(tmp_path, 64, 4, 2, 16, **options)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("options", [{}, {"label_bits": 4}, {"label_bits": 16}, {"variant": "twilight"},
+                                     {"group_factor": 4, "channel": "qk"}])
+@pytest.mark.parametrize("per_row", [False, True])
+def test_the_fused_static_selection_is_the_pytorch_one(tmp_path, options, per_row):
+    """backend triton (baselines/doublesparsity/kernels.py, one launch + torch.topk) writes the same labels and
+    selects the same tokens as the PyTorch static step, at every step, for rows of one length or of their own
+    ([B] lengths), newest slots inside and at the edges of the kernel's 128-slot blocks."""
+    B, Hq, Hkv, d, prompt, cap, budget = 2, 8, 2, 64, 250, 300, 40
+    g = torch.Generator().manual_seed(5)
+    keys = torch.randn(B, Hkv, cap, d, generator=g) * torch.linspace(0.5, 3, d)
+    rankings = random_rankings(3, Hq, d)
+    built = {}
+    for backend in ("torch", "triton"):
+        info = LayerInfo(layer_idx=2, num_heads=Hq, num_kv_heads=Hkv, head_dim=d, scaling=d**-0.5, backend=backend)
+        s = MethodSpec("doublesparsity", budget, {"channel_config": channel_file(tmp_path, rankings), **options}
+                       ).build(info)
+        s.prefill(PrefillContext(keys[:, :, :prompt], keys[:, :, :prompt], torch.zeros(B, Hq, prompt, d),
+                                 torch.arange(prompt).expand(B, -1), lambda: keys[:, :, :prompt], max_new_tokens=50))
+        s.start_static(cap)
+        built[backend] = s
+    for step, L in enumerate((251, 256, 257, 260, 285)):
+        length = torch.tensor([L, L - 7 * step] if per_row else [L])
+        query = torch.randn(B, Hq, d, generator=g)
+        ref, fused = (built[b].select_static(query, keys, keys, length) for b in ("torch", "triton"))
+        assert torch.equal(built["triton"].labels, built["torch"].labels), step
+        assert torch.equal(fused.indices, ref.indices) and torch.equal(fused.valid, ref.valid), step

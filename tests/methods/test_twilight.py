@@ -170,3 +170,30 @@ def test_a_doublesparsity_base_checks_its_channel_file_before_the_model_loads(tm
         spec.check_model_config(LlamaConfig(**TINY_LLAMA))
     assert "\n" not in str(error.value)
     MethodSpec("twilight", 64, {"channel_config": str(other)}).check_model_config(LlamaConfig(**TINY_LLAMA))  # quest
+
+
+@pytest.mark.parametrize("mode", ["kernel_compat", "exact"])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_the_fused_pruning_is_the_pytorch_one(mode, per_head):
+    """backend triton (baselines/twilight/kernels.py: the estimate, P and the bisection in one launch) keeps what the
+    PyTorch rule keeps, token for token, with its P, on candidate lists shared by a KV head's query heads or per
+    query head, with masked padding (token 0 repeated) and token 0 a candidate or not."""
+    B, Hq, Hkv, d, L, K = 2, 6, 2, 64, 400, 150
+    g = torch.Generator().manual_seed(11)
+    keys = torch.randn(B, Hkv, L, d, generator=g) * torch.linspace(0.5, 2, d)
+    keys[:, :, 0] += 3  # a heavy token 0 for some heads
+    Gs = Hq // Hkv if per_head else 1
+    tokens = torch.stack([torch.randperm(L, generator=g)[:K] for _ in range(B * Hkv * Gs)]).view(B, Hkv, Gs, K)
+    tokens[0, 0, 0, 5] = 0
+    valid = torch.rand(B, Hkv, Gs, K, generator=g) > 0.1
+    tokens = torch.where(valid, tokens, 0)
+    query = torch.randn(B, Hq, d, generator=g) * 2
+    out = {}
+    for backend in ("torch", "triton"):
+        info = LayerInfo(layer_idx=2, num_heads=Hq, num_kv_heads=Hkv, head_dim=d, scaling=d ** -0.5, backend=backend)
+        s = MethodSpec("twilight", 128, {"top_p_mode": mode}).build(info)
+        s.prefill(PrefillContext(keys, keys, torch.zeros(B, Hq, L, d), torch.arange(L).expand(B, -1), lambda: keys))
+        out[backend] = (s.prune(query, keys, tokens, valid), s.kept.clone())
+    assert torch.equal(out["triton"][0], out["torch"][0])
+    assert torch.equal(out["triton"][1], out["torch"][1])
+    assert 0 < out["torch"][0].sum() < valid.expand(B, Hkv, Hq // Hkv, K).sum()  # it pruned, not everything
