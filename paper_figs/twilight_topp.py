@@ -1,8 +1,9 @@
 """Top-p over LOCKS against top-p over Quest at equal attended tokens: Twilight's pruning (exact top-p of 4-bit
 estimated weights) on the candidates of each base at B0 = 512, on RULER niah_single_2 at 2048 tokens with
-SmolLM2-135M, 100 samples per cell. Does LOCKS's better ranking survive adaptive pruning?
+SmolLM2-135M, 100 samples per cell (docs/results/twilight_topp.md). Does LOCKS's better ranking survive adaptive
+pruning?
 
-    python run.py -m hydra/launcher=grouped method=twilight method.base=quest,locks method.top_p=0.5,0.7,0.85,0.95 \\
+    python run.py -m hydra/launcher=grouped method=twilight method.base=quest,locks method.top_p=0.5,0.7,0.85,0.95,1.0 \\
         method.top_p_mode=exact budget=512 benchmark.num_samples=100 logger=none paths.runs_dir=outputs/twilight_topp \\
         batch_size=8
     python scripts/collect_runs.py --distinct outputs/twilight_topp results/twilight_topp

@@ -200,6 +200,9 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
             yield "quest.select_static", lp, (lambda k=k, a=kmax, b=kmin, lt=lt: QK.quest_append(k, a, b, lt, PAGE))
             yield "quest.select_static bounds", lp, (lambda q=q, a=kmax, b=kmin, lt=lt: QK.quest_page_scores(
                 q, a, b, length=lt, page_size=PAGE))
+            for reduce in (None, "max"):  # page_rule=eval (Twilight's base): the ranking keys, per head or group max
+                yield "quest.select_static eval keys", dict(lp, reduce=reduce), (
+                    lambda q=q, a=kmax, b=kmin, lt=lt, r=reduce: QK.quest_eval_keys(q, a, b, lt, PAGE, r))
             for sets in sorted({1, G}):  # gqa=group: one page set per KV head; per_head: G sets, their union counted
                 yield "quest.select_static pages", dict(lp, sets=sets), (
                     lambda B=B, H=H, sets=sets, pb=budget // PAGE, lt=lt: QK.quest_static_pages(
@@ -239,6 +242,22 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
                 lambda q=q, k=k, B=B, H=H, gs=gs, n=n, bisection=bisection, s=scaling, tp=top_p: TW.twilight_prune(
                     q, k, meta(B, H, gs, n, dtype=torch.int64), meta(B, H, gs, n, dtype=torch.bool), s, tp, 4,
                     bisection, 20))
+
+        # its static step over a page list (Quest's per query head; LOCKS's per KV head, with page validity) at the
+        # device length, and the step's count (kept tokens, each KV head's union, bytes) in one program per row
+        kp, width = budget // PAGE, budget
+        seen, kept = meta(B, H, -(-L // 32), dtype=torch.int32), meta(B, 3, dtype=torch.float64)
+        for (lt, lp), gs, bisection in itertools.product(lengths, sorted({1, G}), (True, False)):
+            yield "twilight.select_static", dict(lp, Gs=gs, kernel_compat=bisection), (
+                lambda q=q, k=k, B=B, H=H, gs=gs, kp=kp, G=G, bisection=bisection, s=scaling, tp=top_p, lt=lt:
+                TW.twilight_prune(q, k, meta(B, H, gs, kp, dtype=torch.int64),
+                                  meta(B, H, gs, kp, dtype=torch.bool) if gs < G else None, s, tp, 4, bisection, 20,
+                                  length=lt, page_size=PAGE))
+        for gs in sorted({1, G}):
+            yield "twilight.select_static count", dict(p, Gs=gs), (
+                lambda B=B, H=H, G=G, gs=gs, w=width, seen=seen, kept=kept, d=d: TW.twilight_count(
+                    meta(B, H, G, w, dtype=torch.bool), meta(B, H, gs, w, dtype=torch.int64),
+                    meta(B, H, G, dtype=torch.int32), seen, kept, d / 2 + 4))
 
         # locks/core/host_rows.py gather_missed_rows, the static steps of the offloading methods: ShadowKV's value
         # chunks (8 tokens of d values, budget // 8 chunks) and LRQK's cold [K|V] rows (2d values, G * top_k rows)

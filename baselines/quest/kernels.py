@@ -8,7 +8,8 @@ group with two tensor-core dots, using max(q M, q m) = q+ M + q- m (q+ = max(q, 
 because kmax >= kmin channel-wise (true for any real metadata; the same identity as baselines/quest.py). With
 bf16/fp16 metadata and queries the products are exact and accumulate in fp32; with fp32 inputs the dots run in IEEE
 fp32. Output: per head [B, Hq, P] (4*G B written per page), or reduced over the group in the same program (max or
-sum over the G heads, 4 B per page) -- the `gqa=group` mode of the Quest selector.
+sum over the G heads, 4 B per page) -- the `gqa=group` mode of the Quest selector. In a static step of the eval rule
+it writes the pages' int64 ranking keys instead (`quest_eval_keys`), so that one torch.topk is the rule's top-k.
 
 `_quest_append_kernel` -- grid (B * Hkv): the static decode's metadata update, the new key (at the device length
 minus one) folded into its page's max/min in one launch.
@@ -28,7 +29,7 @@ from torch import Tensor
 from locks.kernels._common import cdiv, check_device, dot_in_f32, empty, interpreted, launch, pow2
 from locks.kernels.decode import device_length
 
-__all__ = ["quest_page_scores", "quest_group_scores", "quest_append", "quest_static_pages", "QUEST_REDUCE"]
+__all__ = ["quest_page_scores", "quest_eval_keys", "quest_group_scores", "quest_append", "quest_static_pages", "QUEST_REDUCE"]
 
 QUEST_REDUCE = {"max": 1, "sum": 2}
 
@@ -37,7 +38,8 @@ QUEST_REDUCE = {"max": 1, "sum": 2}
 def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, stride_mh, stride_mp,
                         out_ptr, len_ptr, Hkv, P, G, D,
                         BLOCK_G: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
-                        F32: tl.constexpr, REDUCE: tl.constexpr, OPEN_PAGE: tl.constexpr, PER_ROW: tl.constexpr):
+                        F32: tl.constexpr, REDUCE: tl.constexpr, OPEN_PAGE: tl.constexpr, PER_ROW: tl.constexpr,
+                        EVAL: tl.constexpr, KEYS: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     pb = tl.program_id(1)
     b = bh // Hkv
@@ -63,23 +65,38 @@ def _quest_score_kernel(q_ptr, stride_qb, stride_qh, mx_ptr, mn_ptr, stride_mb, 
     else:
         U = tl.dot(qp.to(kmax.dtype), tl.trans(kmax))
         U += tl.dot(qn.to(kmin.dtype), tl.trans(kmin))
-    if OPEN_PAGE > 0:  # static decode: the open page ceil(L / n) - 1 and every later one score -inf (n = OPEN_PAGE)
+    if OPEN_PAGE > 0:  # static decode, n = OPEN_PAGE: the open page is ceil(L / n) - 1
         if PER_ROW:
             len_ptr += b
         last = (tl.load(len_ptr).to(tl.int32) + OPEN_PAGE - 1) // OPEN_PAGE - 1
-        U = tl.where(offs_p[None, :] >= last, float("-inf"), U)
+        if EVAL:  # the eval rule: the pages after the open one score -inf
+            U = tl.where(offs_p[None, :] > last, float("-inf"), U)
+        else:  # the kernel rule's candidates: the open page and every later one score -inf
+            U = tl.where(offs_p[None, :] >= last, float("-inf"), U)
     if REDUCE == 0:
-        tl.store(out_ptr + (bh * G + g)[:, None] * P + offs_p[None, :], U, mask=gmask[:, None] & pmask[None, :])
+        out = _ranking_keys(U, offs_p[None, :], P) if KEYS else U
+        tl.store(out_ptr + (bh * G + g)[:, None] * P + offs_p[None, :], out, mask=gmask[:, None] & pmask[None, :])
     else:
         if REDUCE == 1:
             A = tl.max(tl.where(gmask[:, None], U, float("-inf")), axis=0)
         else:
             A = tl.sum(tl.where(gmask[:, None], U, 0.0), axis=0)
-        tl.store(out_ptr + bh * P + offs_p, A, mask=pmask)
+        out = _ranking_keys(A, offs_p, P) if KEYS else A
+        tl.store(out_ptr + bh * P + offs_p, out, mask=pmask)
+
+
+@triton.jit
+def _ranking_keys(u, j, n):
+    """locks.core.topk.lowest_first_keys of fp32 scores u at positions j of n: (order-preserving bits << 32) +
+    (n - 1 - j), so that torch.topk of the keys takes the larger score first and ties to the lower position."""
+    bits = tl.where(u == 0.0, 0.0, u).to(tl.int32, bitcast=True)  # -0.0 as +0.0, which it equals
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+    return (ordered << 32) + (n - 1 - j).to(tl.int64)
 
 
 def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | None,
-            num_warps: int | None, length: Tensor | None = None, page_size: int = 0) -> Tensor:
+            num_warps: int | None, length: Tensor | None = None, page_size: int = 0, eval_rule: bool = False,
+            keys: bool = False) -> Tensor:
     if q.dim() != 3 or kmax.dim() != 4 or kmax.shape != kmin.shape:
         raise ValueError(f"expected q [B, Hq, d] and kmax/kmin [B, Hkv, P, d] (got {tuple(q.shape)}, "
                          f"{tuple(kmax.shape)}, {tuple(kmin.shape)})")
@@ -102,7 +119,7 @@ def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | N
                 and not (q.dtype == kmax.dtype and q.dtype in (torch.bfloat16, torch.float16)))
     block_p = block_p or (32 if wide_f32 else 64)
     num_warps = num_warps or (8 if wide_f32 else 4)
-    out = empty(B, Hq if reduce == 0 else H, P, dtype=torch.float32, device=q.device)
+    out = empty(B, Hq if reduce == 0 else H, P, dtype=torch.int64 if keys else torch.float32, device=q.device)
     per_row = False
     if length is not None:
         length, per_row = device_length(length, B)
@@ -112,7 +129,7 @@ def _launch(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: int, block_p: int | N
             q, q.stride(0), q.stride(1), kmax, kmin, kmax.stride(0), kmax.stride(1), kmax.stride(2),
             out, out if length is None else length, H, P, G, d, BLOCK_G=pow2(G, 16), BLOCK_P=block_p,
             BLOCK_D=pow2(d, 16), F32=f32, REDUCE=reduce, OPEN_PAGE=0 if length is None else int(page_size),
-            PER_ROW=per_row, num_warps=num_warps)
+            PER_ROW=per_row, EVAL=eval_rule, KEYS=keys, num_warps=num_warps)
     return out
 
 
@@ -124,6 +141,17 @@ def quest_page_scores(q: Tensor, kmax: Tensor, kmin: Tensor, *, length: Tensor |
     if length is not None and page_size <= 0:
         raise ValueError("quest_page_scores: a length needs the page size")
     return _launch(q, kmax, kmin, 0, block_p, num_warps, length, page_size)
+
+
+def quest_eval_keys(q: Tensor, kmax: Tensor, kmin: Tensor, length: Tensor, page_size: int,
+                    reduce: str | None = None) -> Tensor:
+    """The static eval rule's ranking keys [B, Hq or Hkv, P] int64: the bounds per query head (reduce None) or their
+    max over the group (reduce "max"), the pages after the open one ceil(L / page_size) - 1 at -inf, as
+    `locks.core.topk.lowest_first_keys`, so that torch.topk of them is the eval rule's top-k (ties: the lower page)."""
+    if reduce not in (None, "max"):
+        raise ValueError(f"quest_eval_keys: reduce must be None or 'max' (got {reduce!r})")
+    return _launch(q, kmax, kmin, 0 if reduce is None else QUEST_REDUCE[reduce], None, None, length, page_size,
+                   eval_rule=True, keys=True)
 
 
 def quest_group_scores(q: Tensor, kmax: Tensor, kmin: Tensor, reduce: str = "max", *, block_p: int | None = None,

@@ -23,7 +23,7 @@ from locks.core.page_bounds import extend_bounds, fold_static_key, reserve_bound
 from locks.core.reference import paged_attended, paged_tokens
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector, row_length
-from locks.core.topk import head_sets, top_units, top_units_lowest_first
+from locks.core.topk import head_sets, top_of_keys, top_units, top_units_lowest_first
 
 
 @dataclass(frozen=True)
@@ -152,16 +152,22 @@ class QuestSelector(Selector):
 
     def select_static(self, query, keys, values, length):
         if self.fused:
-            from baselines.quest.kernels import quest_append, quest_static_pages
+            from baselines.quest.kernels import quest_append, quest_eval_keys, quest_static_pages
         (quest_append if self.fused else fold_static_key)(keys, self._max, self._min, length, self.page_size)
         if self.static_fits:
             return Selection.all_tokens()
         if self.page_rule == "eval":  # the top k of every page up to the open one, as the eager rule (ties lower)
-            last = self._open_page(length)
-            U = self._set_bounds(query, self._max.shape[2], None)
-            top = top_units_lowest_first(U.masked_fill(torch.arange(U.shape[-1], device=U.device) > last,
-                                                       float("-inf")), self.static_k)
-            return Selection(pages=top, page_valid=top <= last, page_size=self.page_size)
+            # a page past the open one holds only slots >= the length, which every reader of a page list masks
+            if self.fused and (self.gqa == "per_head" or self.group_reduce == "max"):
+                ranking = quest_eval_keys(query, self._max, self._min, length, self.page_size,
+                                          None if self.gqa == "per_head" else "max")
+                top = top_of_keys(ranking.view(*self._max.shape[:2], -1, ranking.shape[-1]), self.static_k)
+            else:
+                U = self._set_bounds(query, self._max.shape[2], None)
+                last = self._open_page(length)
+                top = top_units_lowest_first(U.masked_fill(torch.arange(U.shape[-1], device=U.device) > last,
+                                                           float("-inf")), self.static_k)
+            return Selection(pages=top, page_size=self.page_size)
         k, cap, sets = self.page_budget - 1, self._max.shape[2], self._sets()
         if not self.fused:  # torch.topk, not a full sort: exact ties break as in the official select-k
             return Selection(pages=self._pages(query, cap, k, length, False), page_size=self.page_size,

@@ -100,7 +100,7 @@ class TwilightSelector(Selector):
     display_name = "Twilight"
     report_order = 9
     plot_style = {"marker": "*"}
-    row_state = ("base", "kept")
+    row_state = ("base", "kept", "seen")
     Options = TwilightOptions
 
     def __init__(self, info: LayerInfo, budget: int, **options):
@@ -110,6 +110,7 @@ class TwilightSelector(Selector):
         self.folded: list[float] | None = None
         self.fused = info.backend == "triton"  # the pruning in one launch (kernels.py), imported only then
         self.top_p_on_device: Tensor | None = None  # [1] fp64, what the fused kernel compares the mass with
+        self.seen: Tensor | None = None  # fused static steps: [B, Hkv, ceil(capacity / 32)] int32 slot bitmaps
 
     # ----- the base selector's options, state and accounting ------------------------------------------------------
 
@@ -138,25 +139,31 @@ class TwilightSelector(Selector):
     def append(self, keys, values) -> None:
         self.base.append(keys, values)
 
+    @property
+    def estimate_bytes_per_token(self) -> float:
+        """A token's 4-bit key: d b/8 bytes and an fp16 scale and zero."""
+        return self.info.head_dim * self.estimate_bits / 8 + 4
+
     def estimate_bytes(self, candidates: Tensor) -> Tensor:
-        """[B] fp64: the 4-bit keys of every query head's candidates (d b/8 bytes and an fp16 scale and zero each)."""
-        return candidates.sum((1, 2, 3), dtype=torch.float64) * (self.info.head_dim * self.estimate_bits / 8 + 4)
+        """[B] fp64: the 4-bit keys of every query head's candidates."""
+        return candidates.sum((1, 2, 3), dtype=torch.float64) * self.estimate_bytes_per_token
 
     def memory_bytes(self, length: int) -> dict[str, float]:
-        own = self.info.num_kv_heads * length * (self.info.head_dim * self.estimate_bits / 8 + 4)
+        own = self.info.num_kv_heads * length * self.estimate_bytes_per_token
         base = self.base.memory_bytes(length)
         return {**base, "state": base["state"] + own}
 
     def harness_bytes(self, length: int) -> float:
         """The 4-bit keys are recomputed from the cache at each step (the official Python path), not held."""
-        return self.base.harness_bytes(length) - self.info.num_kv_heads * length * (
-            self.info.head_dim * self.estimate_bits / 8 + 4)
+        return self.base.harness_bytes(length) - self.info.num_kv_heads * length * self.estimate_bytes_per_token
 
     def prefill_bytes(self, length: int) -> float:
         return self.base.prefill_bytes(length)
 
     def static_bytes(self, length: int) -> float:
-        return self.base.static_bytes(length)
+        """The base's, and with the fused backend the count's slot bitmaps (a bit per slot and KV head)."""
+        seen = 4 * self.info.num_kv_heads * -(-length // 32) if self.fused else 0
+        return self.base.static_bytes(length) + seen
 
     def extra_metrics(self) -> dict:
         """twilight_tokens: tokens a query head kept per step (mean); twilight_tokens_max: the most it kept."""
@@ -177,8 +184,9 @@ class TwilightSelector(Selector):
         if self.fused:
             from baselines.twilight.kernels import twilight_prune
 
-            keep, P = twilight_prune(query, keys, tokens, valid, self.info.scaling, self.top_p_on_device,
-                                     self.estimate_bits, bisection, BISECTION_STEPS)
+            pruned = twilight_prune(query, keys, tokens, valid, self.info.scaling, self.top_p_on_device,
+                                    self.estimate_bits, bisection, BISECTION_STEPS)
+            keep, P = pruned["keep"], pruned["P"]
         else:
             estimate = min_max_quantize(gather_tokens(keys, tokens).float(), self.estimate_bits)
             q = query.view(B, Hkv, G, d).double()
@@ -192,11 +200,16 @@ class TwilightSelector(Selector):
         elif not bisection:
             keep = top_p_exact(P, tokens, self.top_p)
         keep = keep & valid
+        self.count(keep)
+        return keep
+
+    def count(self, keep: Tensor) -> None:
+        """Add a step's kept tokens, keep [B, Hkv, G, K], to `kept`: their sum over the query heads, the heads, the
+        most one head kept."""
         counts = keep.sum(-1).flatten(1).to(torch.float64)  # [B, Hq]
         self.kept[:, 0] += counts.sum(-1)
         self.kept[:, 1] += counts.shape[1]
         self.kept[:, 2] = torch.maximum(self.kept[:, 2], counts.amax(-1))
-        return keep
 
     def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
         B, Hkv, L, _ = keys.shape
@@ -221,6 +234,9 @@ class TwilightSelector(Selector):
 
     def start_static(self, capacity):
         self.base.start_static(capacity)
+        if self.fused:  # the fused count's slot bitmaps, one bit per slot and KV head (kept clear between steps)
+            self.seen = torch.zeros(self.kept.shape[0], self.info.num_kv_heads, -(-capacity // 32), dtype=torch.int32,
+                                    device=self.kept.device)
 
     def prepare_static_step(self, length):
         return self.base.prepare_static_step(length)
@@ -231,6 +247,8 @@ class TwilightSelector(Selector):
     def select_static(self, query, keys, values, length):
         B, Hkv, C, _ = keys.shape
         base = self.base.select_static(query, keys, values, length)
+        if self.fused and not base.dense:
+            return self._fused_static(query, keys, base, length)
         if base.dense:
             tokens = torch.arange(C, device=keys.device).expand(B, Hkv, 1, C)
             valid = tokens < row_length(length, 4)
@@ -244,6 +262,28 @@ class TwilightSelector(Selector):
         if base.device_bytes is not None:
             device_bytes = device_bytes + base.device_bytes
         return Selection(indices=tokens.expand_as(keep), valid=keep, device_bytes=device_bytes)
+
+    def _fused_static(self, query: Tensor, keys: Tensor, base: Selection, length: Tensor) -> Selection:
+        """`select_static`'s pruning and accounting in two launches (kernels.py): the pruning reads a page list's
+        tokens itself; the count adds the kept tokens, each KV head's union and the 4-bit keys' bytes."""
+        from baselines.twilight.kernels import twilight_count, twilight_prune
+
+        paged = base.pages is not None
+        pruned = twilight_prune(query, keys, base.pages if paged else base.indices,
+                                base.page_valid if paged else base.valid, self.info.scaling, self.top_p_on_device,
+                                self.estimate_bits, self.top_p_mode == "kernel_compat", BISECTION_STEPS,
+                                length=length, page_size=base.page_size if paged else 0)
+        tokens = pruned["tokens"] if paged else base.indices
+        keep = pruned["keep"]
+        if keep is None:  # exact: PyTorch ranks the kernel's P
+            valid = pruned["valid"] if paged else base.valid
+            keep = top_p_exact(pruned["P"], tokens.expand_as(pruned["P"]), self.top_p) & valid
+        attended, device_bytes = twilight_count(keep, tokens, pruned["candidates"], self.seen, self.kept,
+                                                self.estimate_bytes_per_token)
+        if base.device_bytes is not None:
+            device_bytes = device_bytes + base.device_bytes
+        return Selection(indices=tokens.expand_as(keep), valid=keep, device_bytes=device_bytes,
+                         attended_rows=attended)
 
     def static_state(self):
         return [*self.base.static_state(), self.kept]

@@ -135,11 +135,14 @@ def test_methods_without_a_static_path_say_why(tiny, name, options):
 INTERPRETED_OPTIONS = {"lrqk": {"rank": 8}}
 
 
-@pytest.mark.parametrize("method", ["locks", "quest", "rocketkv", "shadowkv", "lrqk", "doublesparsity", "twilight"])
-def test_static_decode_triton_matches_torch(tiny, method):
+@pytest.mark.parametrize("method,variant", [pytest.param(m, None, id=m) for m in (
+    "locks", "quest", "rocketkv", "shadowkv", "lrqk", "doublesparsity", "twilight")] + [
+    pytest.param("twilight", {"base": "doublesparsity"}, id="twilight-base=doublesparsity")])
+def test_static_decode_triton_matches_torch(tiny, method, variant):
     """The fused kernels in the static step (interpreter on CPU) select and attend as the reference does, and
-    measure the same coverage and certificate (locks/kernels/coverage.py against the reference ops)."""
-    options = INTERPRETED_OPTIONS.get(method, {})
+    measure the same coverage and certificate (locks/kernels/coverage.py against the reference ops). Twilight over
+    Quest prunes a page list; over DoubleSparsity, a token list per query head."""
+    options = variant or INTERPRETED_OPTIONS.get(method, {})
     ref, ref_cache = run(tiny, method, 128, options, True, "torch", n=12)
     out, cache = run(tiny, method, 128, options, True, "triton", n=12)
     assert cache.backend == "triton" and torch.equal(out, ref)

@@ -358,12 +358,17 @@ def test_paper_figs_on_fixture_results(tmp_path, capsys):
     from tests.eval.test_locks_ablation import write as write_ablation
 
     write_ablation(res)  # results/locks_ablation/: the ablation cells at 2K and 8K
+    from tests.eval.test_twilight_topp import write as write_topp
+
+    (res / "twilight_topp").mkdir()
+    for base, top_p, kept, correct in [("quest", 0.5, 10, 2), ("quest", 0.9, 50, 6), ("locks", 0.5, 20, 9)]:
+        write_topp(res / "twilight_topp", base, top_p, kept, correct)  # results/twilight_topp/: the top-p cells
     shutil.copy(ROOT / "results" / "launches.json", res / "launches.json")  # the launch counter's committed output
     out = tmp_path / "out"
     assert make_all.main(["--results", str(res), "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "skipped, missing" not in text
-    assert {"locks_ablation.md", "locks_ablation.png", "memory.md"} <= {p.name for p in out.iterdir()}
+    assert {"locks_ablation.md", "locks_ablation.png", "memory.md", "twilight_topp.md"} <= {p.name for p in out.iterdir()}
     names = {p.name for p in out.iterdir()}
     assert {"infinitebench_scores.md", "infinitebench_scores.tex", "longbench_curve.png", "longbench_curve.pdf",
             "latency_speedup.png", "latency_vs_context.pdf", "latency_table.md", "bytes_per_step.png",

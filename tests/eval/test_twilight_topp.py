@@ -1,6 +1,7 @@
 """paper_figs/twilight_topp.py: the cells of the top-p-over-bases study and the matched comparison, on synthetic
-metrics files (the committed ones are results/twilight_topp/)."""
+metrics files; and on the committed ones (results/twilight_topp/), the tables of docs/results/twilight_topp.md."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,13 @@ def test_cells_and_the_nearest_quest_cell(tmp_path):
 def test_missing_results_is_one_line(tmp_path, capsys):
     assert twilight_topp.main(["--results", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
     assert "skipped, missing" in capsys.readouterr().out
+
+
+def test_the_docs_tables_are_the_committed_runs(tmp_path):
+    """docs/results/twilight_topp.md shows what paper_figs/twilight_topp.py makes of results/twilight_topp/."""
+    root = Path(__file__).resolve().parents[2]
+    assert twilight_topp.main(["--results", str(root / "results"), "--out", str(tmp_path)]) == 0
+    doc = (root / "docs" / "results" / "twilight_topp.md").read_text()
+    tables = (tmp_path / "twilight_topp.md").read_text().strip().split("\n\n")
+    assert len(tables) == 2 and all(t in doc for t in tables)
+    assert all(f"| {base} | {p} |" in doc for base in ("locks", "quest") for p in ("0.5", "0.85", "1"))

@@ -1,11 +1,12 @@
 """Quest's static-step kernels (baselines/quest/kernels.py) against the reference ops: the bounds masked from the
-open page on, and the page list with each KV head's union of its page sets."""
+open page on, the eval rule's ranking keys, and the page list with each KV head's union of its page sets."""
 import pytest
 import torch
 
-from baselines.quest.kernels import quest_page_scores, quest_static_pages
+from baselines.quest.kernels import quest_eval_keys, quest_page_scores, quest_static_pages
 from locks.core.reference import paged_attended
 from locks.core.selector import Selection
+from locks.core.topk import lowest_first_keys
 from locks.kernels import poisoned
 
 
@@ -74,3 +75,25 @@ def test_static_kernels_per_row_lengths_equal_rows_alone():
             want = torch.cat([paged_attended(Selection(pages=pages[r : r + 1], page_size=n), length[r : r + 1], 16 * P)
                               for r in range(B)])
             assert torch.equal(attended, want.double())
+
+
+@pytest.mark.parametrize("reduce", [None, "max"])
+def test_eval_keys_are_the_reference_keys_of_the_masked_bounds(reduce):
+    """quest_eval_keys: per row (lengths [B]: a page boundary, a partial page, one page) the lowest-first ranking keys
+    of the bounds per query head or their max over the group, the pages after the open one at -inf; exact ties
+    (equal pages) go to the lower page."""
+    B, H, G, d, n, P = 3, 2, 3, 32, 16, 10
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(B, H * G, d, generator=gen)
+    a, b = torch.randn(B, H, P, d, generator=gen), torch.randn(B, H, P, d, generator=gen)
+    kmax, kmin = torch.maximum(a, b), torch.minimum(a, b)
+    kmax[:, :, 4], kmin[:, :, 4] = kmax[:, :, 2], kmin[:, :, 2]  # pages 2 and 4 tie
+    length = torch.tensor([16 * 6, 77, 9])
+    with poisoned():
+        keys = quest_eval_keys(q, kmax, kmin, length, n, reduce)
+    U = quest_page_scores(q, kmax, kmin).view(B, H, G, P)
+    U = U if reduce is None else U.amax(2, keepdim=True)
+    last = ((length - 1) // n).view(B, 1, 1, 1)
+    want = lowest_first_keys(U.masked_fill(torch.arange(P) > last, float("-inf")))
+    assert keys.dtype == torch.int64 and torch.equal(keys.view_as(want), want)
+    assert (keys[..., 2] > keys[..., 4]).all()  # the tie, and -inf past the open page, go to the lower page

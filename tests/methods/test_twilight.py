@@ -197,3 +197,43 @@ def test_the_fused_pruning_is_the_pytorch_one(mode, per_head):
     assert torch.equal(out["triton"][0], out["torch"][0])
     assert torch.equal(out["triton"][1], out["torch"][1])
     assert 0 < out["torch"][0].sum() < valid.expand(B, Hkv, Hq // Hkv, K).sum()  # it pruned, not everything
+
+
+@pytest.mark.parametrize("mode", ["kernel_compat", "exact"])
+@pytest.mark.parametrize("per_head,page_valid", [(True, False), (False, True)])
+def test_the_fused_static_step_is_the_pytorch_one(mode, per_head, page_valid):
+    """A static step over a base's page list (Quest's per query head; one per KV head with page validity, as LOCKS's),
+    rows of their own lengths: the fused pruning reads the pages' tokens itself and the fused count adds what the
+    PyTorch step and the core's reference count: kept tokens, each KV head's union (attended_per_kv_head), the 4-bit
+    keys' bytes. Its slot bitmaps are clear again after every step."""
+    from locks.core.reference import attended_per_kv_head
+    from locks.core.selector import Selection
+
+    B, Hq, Hkv, d, C, n, Kp = 3, 6, 2, 64, 320, 16, 7
+    g = torch.Generator().manual_seed(12)
+    keys = torch.randn(B, Hkv, C, d, generator=g) * torch.linspace(0.5, 2, d)
+    query = torch.randn(B, Hq, d, generator=g) * 2
+    length = torch.tensor([C - 3, 200, 97])
+    Gs = Hq // Hkv if per_head else 1
+    pages = torch.stack([torch.randperm(C // n, generator=g)[:Kp] for _ in range(B * Hkv * Gs)]).view(B, Hkv, Gs, Kp)
+    pages[1, 0, 0, 0] = 0  # token 0 a candidate
+    base = Selection(pages=pages, page_size=n,
+                     page_valid=torch.rand(B, Hkv, Gs, Kp, generator=g) > 0.2 if page_valid else None)
+    out = {}
+    for backend in ("torch", "triton"):
+        info = LayerInfo(layer_idx=2, num_heads=Hq, num_kv_heads=Hkv, head_dim=d, scaling=d ** -0.5, backend=backend)
+        s = MethodSpec("twilight", 128, {"top_p_mode": mode}).build(info)
+        s.prefill(PrefillContext(keys, keys, torch.zeros(B, Hq, C, d), torch.arange(C).expand(B, -1), lambda: keys))
+        s.start_static(C)
+        s.base.select_static = lambda *args: base
+        sels = [s.select_static(query, keys, keys, length) for _ in range(2)]
+        out[backend] = (sels, s.kept.clone())
+        if backend == "triton":
+            assert not s.seen.any()
+    for ref, fused in zip(out["torch"][0], out["triton"][0]):
+        assert torch.equal(fused.valid, ref.valid) and torch.equal(fused.indices[fused.valid], ref.indices[ref.valid])
+        assert torch.equal(fused.attended_rows, attended_per_kv_head(ref, C).double())
+        assert torch.equal(fused.device_bytes, ref.device_bytes)
+    assert torch.equal(out["triton"][1], out["torch"][1])
+    keep = out["torch"][0][0].valid
+    assert 0 < keep.sum() < keep.numel()
