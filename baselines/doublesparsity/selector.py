@@ -27,7 +27,7 @@ from locks.core.options import Options, integer, one_of, option, path_or
 from locks.core.quantize import min_max_quantize
 from locks.core.registry import register
 from locks.core.selector import LayerInfo, Selection, Selector, newest_key, row_length, write_slot
-from locks.core.topk import lowest_first_keys, top_of_keys, top_units_lowest_first
+from locks.core.topk import top_of_keys, top_units_lowest_first
 from locks.errors import ConfigError
 
 from baselines.doublesparsity.calibration import (calibrated_file, check_channel_file, check_channels, layer_channels,
@@ -192,7 +192,7 @@ class DoubleSparsitySelector(Selector):
             return Selection.all_tokens()
         valid_slots = torch.arange(self.labels.shape[2], device=keys.device) < L
         scores = self._scores(query, self.labels.shape[2]).masked_fill(~valid_slots, float("-inf"))
-        top = top_of_keys(lowest_first_keys(scores), self.budget)
+        top = top_units_lowest_first(scores, self.budget)
         return Selection(indices=top, valid=top < L)
 
     def after_static_step(self, keys, values, length):
