@@ -75,10 +75,12 @@ from bench.timing import h2d_bandwidth, step_peak_bytes
 # PyTorch's SDPA with a length mask (whichever backend PyTorch picks); speedups are against the faster of the two
 METHODS = {"fullkv": ("fullkv", "triton"), "fullkv_sdpa": ("fullkv", "torch"), "locks": ("locks", "triton"),
            "quest": ("quest", "triton"), "shadowkv": ("shadowkv", "triton"), "rocketkv": ("rocketkv", "triton"),
-           "lrqk": ("lrqk", "triton"), "doublesparsity": ("doublesparsity", "triton"), "twilight": ("twilight", "triton")}
+           "lrqk": ("lrqk", "triton"), "doublesparsity": ("doublesparsity", "triton"), "twilight": ("twilight", "triton"),
+           "magicpig": ("magicpig", "triton")}
 FULLKV = ("fullkv", "fullkv_sdpa")
-# --dry-run only: the interpreter runs LRQK's r x r sweeps op by op, so its plumbing check runs at rank 4
-DRY_OPTIONS = {"lrqk": {"rank": 4}}
+# --dry-run only: the interpreter runs LRQK's r x r sweeps op by op, so its plumbing check runs at rank 4, and
+# MagicPIG's collision counts table by table, so it runs with 16 tables
+DRY_OPTIONS = {"lrqk": {"rank": 4}, "magicpig": {"tables": 16}}
 
 
 def parse_args(argv=None):

@@ -44,7 +44,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 T_NODE_US = 2.5  # seconds per captured graph node on an H200, in microseconds: about 2-3 (docs/launches.md)
 BANDWIDTH = 4.5e12  # H200 HBM, bytes/s, as FullKV's cuDNN SDPA reaches it at 1M tokens (docs/launches.md)
-METHODS = ("fullkv", "locks", "quest", "rocketkv", "shadowkv", "lrqk", "doublesparsity", "twilight")
+METHODS = ("fullkv", "locks", "quest", "rocketkv", "shadowkv", "lrqk", "doublesparsity", "twilight",
+           "magicpig")
 BATCHES = (1, 8)
 BUDGET = 128
 PROMPT = 700

@@ -170,7 +170,8 @@ def _plan(config: dict, model_config_, methods: list, group: int, device) -> Mem
     windows = config_windows(c)
 
     def infos():  # the harness keeps K/V and state in the run's dtype
-        return [LayerInfo(i, Hq, Hkv, d, d ** -0.5, element, sliding_window=w) for i, w in enumerate(windows)]
+        return [LayerInfo(i, Hq, Hkv, d, d ** -0.5, element, sliding_window=w, num_layers=layers)
+                for i, w in enumerate(windows)]
 
     static = config.get("static_decode", False)
     static = static_by_default("cuda" if cuda else "cpu", rows) if static == "auto" else bool(static)

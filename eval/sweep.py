@@ -124,10 +124,11 @@ def _run(jobs, cfg, benchmark, progress: bool) -> dict:
         done[job.out_dir], rest = pending(job, samples)
         todo[job.out_dir] = {sample_id(s) for s in rest}
     cfg_model = loaded.model.config
-    info = LayerInfo(0, cfg_model.num_attention_heads, cfg_model.num_key_value_heads,
-                     getattr(cfg_model, "head_dim", None) or cfg_model.hidden_size // cfg_model.num_attention_heads,
-                     1.0)
-    positions = query_positions_needed([job.method.build(info) for job in jobs])
+    layers = cfg_model.num_hidden_layers  # every layer's selector: a method's dense layers read no query
+    infos = [LayerInfo(i, cfg_model.num_attention_heads, cfg_model.num_key_value_heads,
+                       getattr(cfg_model, "head_dim", None) or cfg_model.hidden_size // cfg_model.num_attention_heads,
+                       1.0, num_layers=layers) for i in range(layers)]
+    positions = query_positions_needed([job.method.build(info) for job in jobs for info in infos])
     files = {job.out_dir: open(job.out_dir / "predictions.jsonl", "a") for job in jobs}
     size = batch_size(config)
     peak = 0

@@ -21,7 +21,7 @@ from paper_figs.common import parse_args, rel
 NAME = "memory"
 CONTEXTS = (131072, 1048576)
 BUDGET = 2048
-METHODS = ("fullkv", "locks", "quest", "shadowkv", "rocketkv", "lrqk", "doublesparsity", "twilight")
+METHODS = ("fullkv", "locks", "quest", "shadowkv", "rocketkv", "lrqk", "doublesparsity", "twilight", "magicpig")
 GIB = 2 ** 30
 
 
@@ -36,7 +36,8 @@ def model_bytes(shape: str, method: str, context: int, budget: int = BUDGET) -> 
     spec = MethodSpec(method, budget)
     total = {"kv": 0.0, "state": 0.0, "host": 0.0}
     for layer in range(layers):
-        part = spec.build(LayerInfo(layer, hq, hkv, d, d ** -0.5, kv_element_bytes=2)).memory_bytes(context)
+        info = LayerInfo(layer, hq, hkv, d, d ** -0.5, kv_element_bytes=2, num_layers=layers)
+        part = spec.build(info).memory_bytes(context)
         for k in total:
             total[k] += part[k]
     return total

@@ -95,10 +95,11 @@ def shapes():
 def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
     """Yields (site, params, thunk): thunk() calls the kernel entry points (K: locks.kernels, LK: locks.method.kernels,
     QK: baselines.quest.kernels; RK: baselines.rocketkv.kernels; SK: baselines.shadowkv.kernels; LR:
-    baselines.lrqk.kernels; DS: baselines.doublesparsity.kernels; TW: baselines.twilight.kernels) on meta
-    tensors."""
+    baselines.lrqk.kernels; DS: baselines.doublesparsity.kernels; TW: baselines.twilight.kernels; MP:
+    baselines.magicpig.kernels) on meta tensors."""
     from baselines.doublesparsity import kernels as DS
     from baselines.twilight import kernels as TW
+    from baselines.magicpig import kernels as MP
     from baselines.lrqk import kernels as LR
     from baselines.rocketkv import kernels as RK
     from baselines.shadowkv import kernels as SK
@@ -258,6 +259,17 @@ def call_sites(torch, K, LK, QK, QuantizedPageSummaries, tuning_variants):
                 lambda B=B, H=H, G=G, gs=gs, w=width, seen=seen, kept=kept, d=d: TW.twilight_count(
                     meta(B, H, G, w, dtype=torch.bool), meta(B, H, gs, w, dtype=torch.int64),
                     meta(B, H, G, dtype=torch.int32), seen, kept, d / 2 + 4))
+
+        # baselines/magicpig/selector.py select_static (backend triton): the query codes, the sampling pass over every
+        # slot, the merge and the count (the budget changes no shape: the paper's 150 tables, codes over the prompt)
+        if budget == BUDGETS[0]:
+            tables, n = 150, L - 64
+            state = (meta(H, d, tables, 15, dtype=torch.float32), meta(B, H, n, tables, dtype=torch.int16),
+                     meta(B, H, n, dtype=torch.float32), meta(B, H, d, dtype=torch.float32),
+                     meta(B, 2, dtype=torch.int64), meta(B, 2, dtype=torch.float32), meta(B, 3, dtype=torch.float64))
+            for lt, lp in lengths:
+                yield "magicpig.select_static", lp, (lambda q=q, k=k, v=v, st=state, lt=lt, s=scaling:
+                                                     MP.magicpig_static_attention(q, k, v, *st, lt, s))
 
         # locks/core/host_rows.py gather_missed_rows, the static steps of the offloading methods: ShadowKV's value
         # chunks (8 tokens of d values, budget // 8 chunks) and LRQK's cold [K|V] rows (2d values, G * top_k rows)

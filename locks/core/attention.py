@@ -195,9 +195,12 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: flo
            length: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Exact attention of q [B, Hq, d] over a (non-dense) Selection -> (out [B, Hq, d], lse [B, Hq] fp32): the fused
     kernels of locks/kernels/ with backend "triton", the PyTorch reference otherwise and whenever the selection
-    brings its own keys/values (reconstructed keys, offloaded values), except compacted ones (`key_count`: each row's
+    brings its own keys/values (reconstructed keys, offloaded values) or logit biases, except compacted ones (`key_count`: each row's
     first key_count slots, FullKV's kernel with backend "triton"). Page lists are truncated at `length` (the
-    device length of a static step; default: the whole cache)."""
+    device length of a static step; default: the whole cache). A selection that brings its step's attention
+    (`Selection.attention`) is returned as it is."""
+    if sel.attention is not None:
+        return sel.attention
     if sel.key_count is not None:  # compacted keys/values: each row's first key_count slots
         if backend == "triton":
             from locks.kernels import full_decode
@@ -207,7 +210,7 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, sel: Selection, scaling: flo
         slots = torch.arange(S, device=q.device).view(1, 1, 1, S)
         valid = (slots < sel.key_count.view(-1, 1, 1, 1)).expand(B, H, Gs, S)
         sel = Selection(indices=slots.expand(B, H, Gs, S), valid=valid, keys=sel.keys, values=sel.values)
-    if sel.keys is not None or sel.values is not None or backend != "triton":
+    if sel.keys is not None or sel.values is not None or sel.logit_bias is not None or backend != "triton":
         if sel.pages is not None:
             length = keys.new_full((1,), keys.shape[2], dtype=torch.long) if length is None else length
             indices, valid = paged_tokens(sel, length, keys.shape[2])

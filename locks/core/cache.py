@@ -249,6 +249,7 @@ class SelectorCache(Cache):
                 kv_element_bytes=kv_element_bytes,
                 backend=self.backend,
                 sliding_window=window,
+                num_layers=config.num_hidden_layers,
             )
             for i, window in enumerate(config_windows(config))
         ]

@@ -132,6 +132,11 @@ class Options:
             raise ConfigError(f"budget must be >= method.{self.budget_unit}={unit} tokens, the unit this method "
                               f"selects (got {budget})")
 
+    def dense_layer(self, layer_idx: int, num_layers: int) -> bool:
+        """Whether the core attends this layer densely instead of building the method's selector
+        (locks/core/dense.py). Default: the first `dense_layers` layers, for a method that has that option."""
+        return layer_idx < getattr(self, "dense_layers", 0)
+
     @classmethod
     def build(cls, options: dict) -> "Options":
         known = [f.name for f in fields(cls)]

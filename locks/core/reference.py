@@ -38,21 +38,29 @@ def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, s
     """Exact attention of one query token over the selected tokens.
 
     query [B, Hq, d]; keys/values [B, Hkv, L, d]; returns (out [B, Hq, d] in query dtype, lse [B, Hq] fp32) with
-    lse_g = logsumexp_{i in T_g} scaling * q_g . k_i.
+    lse_g = logsumexp_{i in T_g} scaling * q_g . k_i (+ the selection's logit_bias_i, where it has one).
     """
     B, Hq, d = query.shape
     Hkv = keys.shape[1]
     G = Hq // Hkv
     idx = sel.indices.clamp(0, keys.shape[2] - 1)
     Gs = idx.shape[2]
-    k = sel.keys if sel.keys is not None else gather_tokens(keys, idx)
-    v = sel.values if sel.values is not None else gather_tokens(values, idx)
+    if sel.keys is None and sel.values is None and idx.stride()[:3] == (0, 0, 0):  # one token list for every head
+        shared = idx[0, 0, 0]
+        k, v = keys.index_select(2, shared).unsqueeze(2), values.index_select(2, shared).unsqueeze(2)
+        Gs = 1
+    else:
+        k = sel.keys if sel.keys is not None else gather_tokens(keys, idx)
+        v = sel.values if sel.values is not None else gather_tokens(values, idx)
     q = query.view(B, Hkv, G, d).float()
     if Gs == 1:
         logits = torch.einsum("bhgd,bhkd->bhgk", q, k[:, :, 0].float())
     else:
         logits = torch.einsum("bhgd,bhgkd->bhgk", q, k.float())
-    logits = (logits * scaling).masked_fill(~sel.valid, float("-inf"))
+    logits = logits * scaling
+    if sel.logit_bias is not None:
+        logits = logits + sel.logit_bias.expand_as(logits)
+    logits = logits.masked_fill(~sel.valid, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)
     p = torch.exp(logits - lse.unsqueeze(-1))
     if Gs == 1:

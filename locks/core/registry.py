@@ -95,9 +95,9 @@ class MethodSpec:
         cls.check_model_config(cls.Options.build(self.options), model_config)
 
     def build(self, info: LayerInfo) -> Selector:
-        """The method's selector of this layer; on the first `dense_layers` layers of a method that declares that
-        option, the core's dense layer (locks/core/dense.py)."""
+        """The method's selector of this layer; on a layer its options keep dense (`Options.dense_layer`: the first
+        `dense_layers` layers by default), the core's dense layer (locks/core/dense.py)."""
         cls = self.selector_class()
-        if info.layer_idx < getattr(cls.Options.build(self.options), "dense_layers", 0):
+        if cls.Options.build(self.options).dense_layer(info.layer_idx, info.num_layers):
             return DenseAttention(info, budget=self.budget)
         return cls(info, budget=self.budget, **self.options)

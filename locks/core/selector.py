@@ -54,6 +54,7 @@ class LayerInfo:
     # None: full attention (the method's selector acts here); W: a sliding-window layer that attends the last W
     # tokens, as transformers passes `sliding_window` to the attention function (docs/architecture.md, layer types)
     sliding_window: int | None = None
+    num_layers: int = 0  # decoder layers of the model (0: unknown), for a method whose dense layers depend on it
 
     @property
     def layer_type(self) -> str:
@@ -145,6 +146,12 @@ class Selection:
     # attends its first key_count[b] slots (the fused path reads them in order, with no index list; ShadowKV's
     # compacted K/V, LRQK's per-query-head hot cache)
     key_count: Tensor | None = None
+    # [B, Hkv, Gs, K] fp32 added to each selected token's scaled logit before the softmax (an estimator's importance
+    # weight: MagicPIG's -ln(w_i + 1e-4)); the step's lse is then the estimator's normalizer. None: no bias
+    logit_bias: Tensor | None = None
+    # Static decode only: (out [B, Hq, d], lse [B, Hq] fp32) of the step, when the selector's fused kernel attends
+    # as it selects (MagicPIG's sampling and weights in one pass); the core then attends nothing itself
+    attention: tuple[Tensor, Tensor] | None = None
 
     @staticmethod
     def all_tokens() -> "Selection":

@@ -44,11 +44,12 @@ def _static_error(name: str, options: dict) -> str | None:
 # every registered method in its default configuration that has a static path, and a few variants
 DEFAULTS = [(name, default_method_options(name)) for name in sorted(discover())]
 # (methods whose static paths came after the variants, in the order they came: the earlier cases keep their ids)
-LATER = ("oracle", "oracle_token", "doublesparsity", "twilight")
+LATER = ("oracle", "oracle_token", "doublesparsity", "twilight", "magicpig")
 CASES = ([(name, 128, opts) for name, opts in DEFAULTS if name not in LATER] + VARIANTS
          + [(name, 128, dict(DEFAULTS)[name]) for name in LATER[:3]] + [("quest", 128, {"page_rule": "eval"})]
-         + [(name, 128, dict(DEFAULTS)[name]) for name in LATER[3:]]
-         + [("twilight", 128, {"base": "locks", "top_p_mode": "exact"}), ("twilight", 128, {"base": "doublesparsity"})])
+         + [(name, 128, dict(DEFAULTS)[name]) for name in LATER[3:4]]
+         + [("twilight", 128, {"base": "locks", "top_p_mode": "exact"}), ("twilight", 128, {"base": "doublesparsity"})]
+         + [(name, 128, dict(DEFAULTS)[name]) for name in LATER[4:]])
 # host reads of device values (.item(), bool(t), data-dependent output shapes): forbidden inside a captured graph
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique",
             "aten.item", "aten.equal")
@@ -132,11 +133,11 @@ def test_methods_without_a_static_path_say_why(tiny, name, options):
 
 # The interpreter runs LRQK's r x r sweeps op by op: rank 8 keeps its fused-step tests short (the default rank 32 is
 # compiled by scripts/compile_kernels.py and run by the GPU session)
-INTERPRETED_OPTIONS = {"lrqk": {"rank": 8}}
+INTERPRETED_OPTIONS = {"lrqk": {"rank": 8}, "magicpig": {"tables": 16}}  # (MagicPIG: 16 tables interpret faster)
 
 
 @pytest.mark.parametrize("method,variant", [pytest.param(m, None, id=m) for m in (
-    "locks", "quest", "rocketkv", "shadowkv", "lrqk", "doublesparsity", "twilight")] + [
+    "locks", "quest", "rocketkv", "shadowkv", "lrqk", "doublesparsity", "twilight", "magicpig")] + [
     pytest.param("twilight", {"base": "doublesparsity"}, id="twilight-base=doublesparsity")])
 def test_static_decode_triton_matches_torch(tiny, method, variant):
     """The fused kernels in the static step (interpreter on CPU) select and attend as the reference does, and
@@ -149,7 +150,8 @@ def test_static_decode_triton_matches_torch(tiny, method, variant):
     a, b = ref_cache.stats.summary(), cache.stats.summary()
     for key in ("attended_tokens_per_step", "forced_tokens_per_step", "bytes_read_per_step"):
         assert b[key] == pytest.approx(a[key], rel=1e-12), key  # Quest: its kernel counts each head's union
-    assert a["coverage"] < 1 and b["coverage"] == pytest.approx(a["coverage"], rel=1e-5)
+    # (MagicPIG's coverage is its estimate of the softmax denominator over the exact one, which may exceed 1)
+    assert (a["coverage"] < 1 or method == "magicpig") and b["coverage"] == pytest.approx(a["coverage"], rel=1e-5)
     assert b["diagnostics"].keys() == a["diagnostics"].keys()
     for name, value in a["diagnostics"].items():
         assert b["diagnostics"][name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
@@ -276,7 +278,8 @@ def test_static_step_is_replayable_torch(tiny, method, budget, options):
     check_replayable(traced_steps(tiny, method, budget, options, "torch", POSITIONS), method)
 
 
-@pytest.mark.parametrize("method", ["fullkv", "locks", "quest", "rocketkv", "lrqk", "doublesparsity", "twilight"])
+@pytest.mark.parametrize("method", ["fullkv", "locks", "quest", "rocketkv", "lrqk", "doublesparsity", "twilight",
+                                    "magicpig"])
 def test_static_step_is_replayable_triton(tiny, method, triton_launches):
     """Steps at a page boundary and past it (LRQK, whose step has no pages and whose ring turns every 64 tokens:
     three consecutive steps). A 317-token prompt (19 pages + 13 tokens: the tail of POSITIONS' first step) keeps

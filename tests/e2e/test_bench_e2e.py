@@ -59,8 +59,9 @@ def test_bench_e2e_dry_run(tmp_path):
     row and the weights once per step; host-to-device bytes with their floor at the run's measured copy bandwidth;
     each method's own design's device and host bytes."""
     from tests.e2e.test_bench_e2e_late import LATE
+    from tests.e2e.test_bench_e2e_magicpig import MAGICPIG
 
-    assert set(bench_e2e.METHODS) == set(FIRST) | set(LATE)
+    assert set(bench_e2e.METHODS) == set(FIRST) | set(LATE) | set(MAGICPIG)
     methods = FIRST
     recs = dry_run(tmp_path, methods)
     bandwidth = [r for r in recs if r["kind"] == "bandwidth"]

@@ -1,6 +1,6 @@
 """scripts/bench_e2e.py --dry-run over the methods added after the first six (tests/e2e/test_bench_e2e.py runs the
-others; two files run on two test workers): DoubleSparsity and Twilight against FullKV, on CPU at tiny sizes under
-the Triton interpreter."""
+others, test_bench_e2e_magicpig.py MagicPIG; the files run on the two test workers): DoubleSparsity and Twilight
+against FullKV, on CPU at tiny sizes under the Triton interpreter."""
 from __future__ import annotations
 
 import triton  # noqa: F401  (a dev dependency: a missing triton fails, it never skips)

@@ -27,6 +27,9 @@ def test_memory_table_against_the_layouts():
             lrqk = t.loc[(model, L, "LRQK")]  # A_K [Hq, L, 32] bf16 per layer dominates its state
             assert lrqk.host_gib == full.kv_gib and lrqk.state_gib * 2 ** 30 > layers * 32 * L * 32 * 2
             assert t.loc[(model, L, "RocketKV")].host_gib == 0
+            magicpig = t.loc[(model, L, "MagicPIG")]  # codes (150 int16) and |k~| per middle token, R (bf16), means
+            want = (layers - 2) * hkv * ((L - 68) * (2 * 150 + 4) + 2 * 128 * 10 * 150 + 2 * 128)
+            assert magicpig.state_gib * 2 ** 30 == want and magicpig.kv_gib == full.kv_gib
     assert t.loc[("Llama-3.1-8B", 1048576, "RocketKV")].device_vs_fullkv == pytest.approx(0.031, abs=0.001)
 
 
