@@ -104,7 +104,7 @@ class MagicPIGSelector(Selector):
         self.hash_shape: Tensor | None = None  # [B, 2] fp32: the row's (K, L)
         self.sampled: Tensor | None = None  # [B, 3] fp64: sampled tokens summed over steps and query heads, heads, most
         self.folded: list[float] | None = None
-        self.prompt = self.middle_tokens = 0
+        self.middle_tokens = 0
         self.shape_used = (self.bits, self.tables)
         self.fused = info.backend == "triton"  # the static step in three launches (kernels.py), imported only then
         self.count_dtype = torch.uint8 if self.tables < 256 else torch.int16  # tables that collide, counted
@@ -133,7 +133,7 @@ class MagicPIGSelector(Selector):
             [self._pattern(centred[:, :, i : i + HASH_CHUNK]) for i in range(0, n, HASH_CHUNK)], dim=2))
         self.codes = self._codes(pattern, self.hash_shape, -1)
         self.sampled = torch.zeros(B, 3, dtype=torch.float64, device=keys.device)
-        self.prompt, self.middle_tokens = n, int(self.middle[0, 1] - self.middle[0, 0])
+        self.middle_tokens = int(self.middle[0, 1] - self.middle[0, 0])
 
     def _pattern(self, x: Tensor) -> Tensor:
         """x [B, H, n, d] (centred keys of KV head h, or unit queries grouped by KV head) -> [B, H, n, L] int16: the
@@ -266,9 +266,11 @@ class MagicPIGSelector(Selector):
         return float(held - self.memory_bytes(length)["state"])
 
     def prefill_bytes(self, length: int) -> float:
-        """The centred keys (fp32) and one chunk's projections (fp32, their signs, int32 codes)."""
+        """The centred keys (fp32) and one chunk's hashing (`_pattern`): its keys in fp64, the projections in fp64,
+        their signs (bool) and the signs as fp32 bits, per token, table and bit."""
         H, d = self.info.num_kv_heads, self.info.head_dim
-        return float(H * (4 * length * d + min(length, HASH_CHUNK) * self.tables * MAX_BITS * 9))
+        chunk = min(length, HASH_CHUNK)
+        return float(H * (4 * length * d + chunk * (8 * d + self.tables * MAX_BITS * (8 + 1 + 4))))
 
     # ----- static decode: the same rule over every preallocated slot ---------------------------------------------
 
