@@ -63,6 +63,14 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def version(pkg: str) -> str | None:
+    """The installed version of a distribution, None when it is not installed (for a manifest)."""
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def git_blob_id(path: Path) -> str:
     data = Path(path).read_bytes()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
@@ -240,12 +248,6 @@ def main() -> None:
     out = args.out if args.out.is_absolute() else Path.cwd() / args.out
     out.mkdir(parents=True, exist_ok=True)
     torch.save(cases, out / "cases.pt")
-
-    def version(pkg):
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
 
     manifest = {
         "upstream": UPSTREAM_REPO, "commit": args.commit, "commit_check": checked,

@@ -29,12 +29,11 @@ import json
 import shlex
 import subprocess
 import sys
-from importlib import metadata
 from pathlib import Path
 
 import torch
 
-from scripts.conformance.doublesparsity import git_blob_id, sha256
+from scripts.conformance.doublesparsity import git_blob_id, sha256, version
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "conformance" / "magicpig"
@@ -162,12 +161,6 @@ def main() -> None:
     out = args.out if args.out.is_absolute() else Path.cwd() / args.out
     out.mkdir(parents=True, exist_ok=True)
     torch.save(cases, out / "cases.pt")
-
-    def version(pkg):
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
 
     manifest = {
         "upstream": UPSTREAM_REPO, "commit": args.commit, "commit_check": checked,
