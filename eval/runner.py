@@ -70,10 +70,11 @@ class Job:
 
 
 def check_method(config: dict) -> MethodSpec:
-    """The job's method, built once on a small layer so that its parameters are checked (ConfigError) before any
-    expensive work; every layer takes the same arguments."""
+    """The job's method, its selector built once on a small layer so that its parameters are checked (ConfigError)
+    before any expensive work; every layer takes the same arguments. The selector itself, not `method.build`, which
+    gives a layer the method keeps dense (MagicPIG's layer 0) the core's dense attention and so checks nothing."""
     method = method_spec(config["method"])
-    method.build(LayerInfo(0, 1, 1, 64, 0.125))
+    method.selector_class()(LayerInfo(0, 1, 1, 64, 0.125), budget=method.budget, **method.options)
     return method
 
 

@@ -34,6 +34,17 @@ def test_skip_invalid_skips_the_cells_a_method_rejects_and_keeps_the_rest(tmp_pa
         check_jobs(jobs, skip_invalid=False)
 
 
+def test_a_method_whose_first_layer_is_dense_still_has_its_cells_checked(tmp_path):
+    from hydra_plugins.locks_grouped_launcher.grouped_launcher import check_jobs
+
+    # MagicPIG keeps layer 0 dense, and always attends sink 4 + local 64 tokens: budget 64 is rejected, not run
+    jobs = [job(tmp_path, "method=magicpig", "budget=64"), job(tmp_path, "method=magicpig", "budget=128")]
+    valid, results = check_jobs(jobs, skip_invalid=True)
+    assert valid == [1] and "68 tokens" in results[0]["skipped"]
+    with pytest.raises(ConfigError, match="68 tokens"):
+        check_jobs(jobs, skip_invalid=False)
+
+
 def test_decode_cap_caps_generation_and_leaves_the_prompt(tmp_path):
     from eval.benchmarks import Ruler
 
