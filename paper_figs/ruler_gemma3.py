@@ -17,7 +17,7 @@ DIR = "ruler_gemma3_16k"
 COMMAND = ("make gemma; python run.py -m hydra/launcher=grouped hydra.launcher.skip_invalid=true model=gemma3_270m "
            "benchmark.context_length=16384 method=fullkv,oracle,oracle_token,locks,quest,shadowkv,rocketkv,lrqk "
            "budget=64,128,256,512 benchmark.num_samples=24 logger=none paths.runs_dir=outputs/ruler_gemma3_16k, the same "
-           "with method=locks,oracle budget=1024,2048 "
+           "with method=locks,oracle budget=1024,2048 and with method=doublesparsity,twilight,magicpig "
            "(then python scripts/collect_runs.py outputs/ruler_gemma3_16k results/ruler_gemma3_16k)")
 
 
