@@ -8,7 +8,11 @@ if not torch.cuda.is_available():  # CPU: kernels run under the Triton interpret
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_SILENT", "true")
-# one torch thread per pytest-xdist worker (`make test` runs two), else up to two
+# one torch thread per pytest-xdist worker (`make test` runs two), else up to two; the processes a worker starts
+# (run.py, the benchmark scripts' dry runs) get one OpenMP thread too: two threads each beside the other worker
+# oversubscribe the cores, and their threads' spin-waits then slow both
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 import pytest  # noqa: E402
@@ -25,7 +29,8 @@ from tests.helpers import WhitespaceTokenizer  # noqa: E402
 # the longest files first: pytest-xdist (`--dist loadfile`) hands files to the workers in collection order, and a
 # long file started last is the whole run's tail
 LONGEST_FIRST = ("tests/e2e/test_bench_e2e.py", "tests/core/test_batch.py", "tests/core/test_static_decode.py",
-                 "tests/e2e/test_bench_decode.py", "tests/e2e/test_grouped.py")
+                 "tests/e2e/test_static_embedded.py", "tests/e2e/test_bench_decode.py", "tests/e2e/test_grouped.py",
+                 "tests/e2e/test_rehearse_scale.py", "tests/e2e/test_bench_e2e_late.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
