@@ -19,7 +19,8 @@ DIR = "ruler_embedded"
 COMMAND = ("python run.py -m hydra/launcher=grouped hydra.launcher.skip_invalid=true "
            "method=fullkv,oracle,oracle_token,locks,quest,shadowkv,rocketkv,lrqk budget=64,128,256,512 "
            "benchmark.num_samples=100 paths.runs_dir=outputs/ruler_embedded, the same with "
-           "method=doublesparsity,twilight,magicpig (then python scripts/collect_runs.py outputs/ruler_embedded results/ruler_embedded)")
+           "method=doublesparsity,twilight,magicpig "
+           "(then python scripts/collect_runs.py outputs/ruler_embedded results/ruler_embedded)")
 
 
 def main(argv=None) -> int:

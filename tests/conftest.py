@@ -11,9 +11,10 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # one torch thread per pytest-xdist worker (`make test` runs two), else up to two; the processes a worker starts
 # (run.py, the benchmark scripts' dry runs) get one OpenMP thread too: two threads each beside the other worker
 # oversubscribe the cores, and their threads' spin-waits then slow both
-if os.environ.get("PYTEST_XDIST_WORKER"):
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(1 if WORKER else max(1, min(2, os.cpu_count() or 1)))
 
 import pytest  # noqa: E402
 

@@ -401,7 +401,8 @@ def test_make_all_on_committed_results(tmp_path):
     on_gpu = claims["claim"].str.contains("speedup") | claims["source"].str.contains("no GPU record")
     unmeasured = claims[(claims["verdict"] == "not measured") & ~on_gpu]
     # at 64 (2K and 16K): LRQK's lite tokens and MagicPIG's 68 exact tokens fill that budget, no run
-    suites = ("SmolLM2-135M-Instruct, RULER niah_single_2 at 2K tokens", "Gemma 3 270M, RULER niah_single_2 at 16K tokens")
+    suites = ("SmolLM2-135M-Instruct, RULER niah_single_2 at 2K tokens",
+              "Gemma 3 270M, RULER niah_single_2 at 16K tokens")
     assert sorted(unmeasured["claim"]) == sorted(f"{method} collapses at budget 64 ({suite})"
                                                  for method in ("LRQK", "MagicPIG") for suite in suites)
     ablation = claims[claims["source"].str.contains("locks_ablation")]  # int4, int2, rank 8 at 2K and 8K, Theorem 1
