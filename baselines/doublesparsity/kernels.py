@@ -22,22 +22,11 @@ from torch import Tensor
 
 from locks.kernels._common import cdiv, check_device, launch, pow2
 from locks.kernels.decode import device_length
+from locks.kernels.rounding import kept, minmax_dequantize, rint
 
 __all__ = ["ds_static_keys"]
 
 QUANTIZERS = {"none": 0, "official": 1, "twilight": 2}
-
-
-@triton.jit
-def _rint(x):
-    """Round half to even, for 0 <= x < 2^22 (IEEE fp32 additions)."""
-    return (x + 12582912.0) - 12582912.0
-
-
-@triton.jit
-def _kept(x):
-    """x itself, as a value an add cannot be fused with (a select on it)."""
-    return tl.where(x != x, 0.0, x)
 
 
 @triton.jit
@@ -50,13 +39,10 @@ def _quantize(x, mask, LEVELS: tl.constexpr, KIND: tl.constexpr):
     high = tl.max(tl.where(mask, x, float("-inf")), axis=0)
     if KIND == 1:  # round((x - low) s).clamp(0, levels) / s + low, s = levels / (high - low or 1)
         # (levels / t in PyTorch is reciprocal(t) * levels: Tensor.__rtruediv__)
-        scale = _kept(tl.div_rn(1.0, tl.where(high == low, 1.0, high - low))) * LEVELS
-        code = tl.minimum(tl.maximum(_rint(_kept((x - low) * scale)), 0.0), LEVELS)
+        scale = kept(tl.div_rn(1.0, tl.where(high == low, 1.0, high - low))) * LEVELS
+        code = tl.minimum(tl.maximum(rint(kept((x - low) * scale)), 0.0), LEVELS)
         return tl.div_rn(code, scale) + low
-    # clamp(round((x - low) / s), 0, levels) s + low, s = max(high - low, 1e-9) / levels
-    scale = tl.div_rn(tl.maximum(high - low, 1e-9), tl.full([], LEVELS, tl.float32))
-    code = tl.minimum(tl.maximum(_rint(tl.div_rn(x - low, scale)), 0.0), LEVELS)
-    return _kept(code * scale) + low
+    return minmax_dequantize(x, low, high, LEVELS)
 
 
 @triton.jit(do_not_specialize=["Hq", "G", "CAP"])

@@ -30,20 +30,9 @@ from torch import Tensor
 
 from locks.kernels._common import check_device, launch, pow2
 from locks.kernels.decode import device_length
+from locks.kernels.rounding import minmax_dequantize
 
 __all__ = ["twilight_prune", "twilight_count"]
-
-
-@triton.jit
-def _rint(x):
-    """Round half to even, for 0 <= x < 2^22 (IEEE fp32 additions)."""
-    return (x + 12582912.0) - 12582912.0
-
-
-@triton.jit
-def _kept(x):
-    """x itself, as a value an add cannot be fused with (a select on it)."""
-    return tl.where(x != x, 0.0, x)
 
 
 @triton.jit
@@ -102,9 +91,7 @@ def _twilight_prune_kernel(q_ptr, stride_qb, stride_qh, k_ptr, stride_kb, stride
                     other=0.0).to(tl.float32)
         low = tl.min(tl.where(cmask[None, :], x, float("inf")), axis=1)
         high = tl.max(tl.where(cmask[None, :], x, float("-inf")), axis=1)
-        scale = tl.div_rn(tl.maximum(high - low, 1e-9), tl.full([BLOCK_K], LEVELS, tl.float32))
-        code = tl.minimum(tl.maximum(_rint(tl.div_rn(x - low[:, None], scale[:, None])), 0.0), LEVELS)
-        estimate = _kept(code * scale[:, None]) + low[:, None]
+        estimate = minmax_dequantize(x, low[:, None], high[:, None], LEVELS)
         e = tl.sum(q[None, :] * tl.where(cmask[None, :], estimate, 0.0).to(tl.float64), axis=1).to(tl.float32)
         e = tl.where(ok, e * SCALING, float("-inf"))
         tl.store(weights + j, e, mask=j < K)
