@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from baselines.lrqk import als, decode_coordinates, init_factors, kaczmarz, replace_slots
+from baselines.lrqk.capturable_solve import solve_rank_one, spd_inverse
 from locks.core.reference import sparse_decode
 from locks.core.registry import MethodSpec
 from locks.core.selector import LayerInfo, PrefillContext
@@ -94,14 +95,30 @@ def test_selector_prefill_state_shapes_and_least_squares_bases():
 
 # ----- decode solves and Kaczmarz ------------------------------------------------------------------------------------
 
-def test_decode_solves_satisfy_their_normal_equations():
+def test_capturable_solver_equals_linalg_in_float64():
+    """The static step's solves (sweep-operator inverse, Sherman-Morrison) against torch.linalg, on SPD matrices
+    with condition numbers up to about 1e6."""
+    g = torch.Generator().manual_seed(5)
+    r = 32
+    A = torch.randn(4, 3, r, r + 4, generator=g, dtype=torch.float64)
+    M = A @ A.mT + torch.logspace(-4, 0, 4, dtype=torch.float64).view(4, 1, 1, 1) * torch.eye(r, dtype=torch.float64)
+    inverse = torch.linalg.inv(M)
+    assert float(((spd_inverse(M) - inverse).abs().amax((-2, -1)) / inverse.abs().amax((-2, -1))).max()) < 1e-8
+    u, y = torch.randn(2, 4, 3, 1, r, generator=g, dtype=torch.float64)
+    for lam in (0.0, 1.0, 3.0):
+        x = solve_rank_one(spd_inverse(M), lam, u, y)
+        assert torch.allclose(x @ (M + lam * u.mT @ u), y, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("on_device", [False, True])
+def test_decode_solves_satisfy_their_normal_equations(on_device):
     g = torch.Generator().manual_seed(3)
     r, m = 8, 50
     B_Q, B_K = torch.randn(5, r, D, generator=g), torch.randn(5, r, D, generator=g)
     A, Kom = torch.randn(5, m, r, generator=g), torch.randn(5, m, D, generator=g)
     q, k = torch.randn(5, 1, D, generator=g), torch.randn(5, 1, D, generator=g)
     for l1, l2 in ((1.0, 1.0), (0.5, 2.0)):
-        q_hat, k_hat, k_used = decode_coordinates(B_Q, B_K, A, Kom, q, k, 2, 0.0, l1, l2)
+        q_hat, k_hat, k_used = decode_coordinates(B_Q, B_K, A, Kom, q, k, 2, 0.0, l1, l2, on_device=on_device)
         Bq, Bk, A64, K64, q64, k64 = (x.double() for x in (B_Q, B_K, A, Kom, q, k))
         qk = q64 @ k64.mT
         lhs_q = q_hat.double() @ (Bq @ Bq.mT + l2 * A64.mT @ A64 + l1 * k_used.double().mT @ k_used.double())
