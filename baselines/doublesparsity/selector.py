@@ -33,6 +33,8 @@ from locks.errors import ConfigError
 from baselines.doublesparsity.calibration import (calibrated_file, check_channel_file, check_channels, layer_channels,
                                                   resolve_channel_config)
 
+SCORE_CHUNK_BYTES = 64 << 20  # the most fp64 labels a step's scoring holds at once (`_scores`)
+
 
 def pseudo_quantize(x: Tensor, bits: int) -> Tensor:
     """Row-wise over the last axis: x~ = round((x - min) s) / s + min with s = (2^b - 1) / (max - min) (a range of 0
@@ -138,10 +140,14 @@ class DoubleSparsitySelector(Selector):
     def _scores(self, query: Tensor, slots: int) -> Tensor:
         """s [B, Hkv, G, slots] of the first `slots` labels, accumulated in fp64 (the fp32 products are exact there):
         a token's score then does not depend on how many slots the product spans, so the eager step (L slots) and
-        the static one (every preallocated slot) rank the many exact ties of low-bit labels alike."""
+        the static one (every preallocated slot) rank the many exact ties of low-bit labels alike. The fp64 labels
+        are made SCORE_CHUNK_BYTES at a time (at once they would be 8 bytes per label entry: 1 GiB a step for
+        Llama-3.1-8B's shape at 64K tokens)."""
         B, Hq, d = query.shape
         q = self._label(query.view(B, Hq, 1, d), key=False).double()
-        s = torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, :slots].double()).float() / self._scale()
+        step = max(1, SCORE_CHUNK_BYTES // (B * Hq * self.r * 8))  # the fp64 labels of `step` slots at a time
+        s = torch.cat([torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, i : min(i + step, slots)].double())
+                       for i in range(0, slots, step)], dim=-1).float() / self._scale()
         return s.view(B, self.info.num_kv_heads, self.info.group_size, slots)
 
     def _metadata_bytes(self, length: int) -> float:

@@ -1,8 +1,8 @@
-"""LRQK's decode solves without torch.linalg, for its PyTorch static step (docs/methods/lrqk.md, "Static decode and
-kernels"): a CUDA graph may not capture a factorization or solve that synchronizes the device (MAGMA's batched LU
-may), so the step inverts its two r x r Gram matrices by a fixed sequence of elementwise ops and matmuls, and solves
-each iteration's rank-one update from those inverses. The fused step (baselines/lrqk/kernels.py) does the same math
-in registers. The eager step keeps torch.linalg.solve, as the official code."""
+"""LRQK's decode solves without torch.linalg (docs/methods/lrqk.md, "Static decode and kernels"): a CUDA graph may
+not capture a factorization or solve that synchronizes the device (MAGMA's batched LU may), so a decode step inverts
+its two r x r Gram matrices by a fixed sequence of elementwise ops and matmuls, and solves each iteration's rank-one
+update from those inverses; the eager step does the same, so that both select alike (official: torch.linalg.solve
+per system). The fused step (baselines/lrqk/kernels.py) does the same math in registers."""
 from __future__ import annotations
 
 from torch import Tensor

@@ -53,9 +53,9 @@ Deviations from the official code (tenghuilee/LRQK @ f3b843f, `lrqk_attention.py
   * the initial top-k rows come from the dense prefill K/V on the device (no H2D), as in the official prefill.
   * no torch.compile / C++ gather kernel; on a CPU device the hooks run with one intra-op thread (restored after
     each call): the per-step tensors are tiny and extra OpenMP threads only add barrier waits on a shared machine.
-  * the static step solves the r x r systems from two inverses (sweep operator, Sherman-Morrison; in fp32 registers
-    with backend triton, baselines/lrqk/kernels.py, else baselines/lrqk/capturable_solve.py) (official:
-    torch.linalg.solve) and attends the hot cache in slot order; the decode stop test
+  * a decode step (eager or static) solves the r x r systems from two inverses (sweep operator, Sherman-Morrison;
+    in fp32 registers with backend triton, baselines/lrqk/kernels.py, else baselines/lrqk/capturable_solve.py)
+    (official: torch.linalg.solve; the same systems, within fp32 rounding) and attends the hot cache in slot order; the decode stop test
     is per row (the official code has one sequence).
 """
 from __future__ import annotations
@@ -143,28 +143,22 @@ def decode_coordinates(B_Q: Tensor, B_K: Tensor, A_om: Tensor, K_om: Tensor, q: 
     The loop stops after the first iteration whose MSE(k_used, k_hat) < tol, the MSE of each row over its heads
     (as the official code computes it for its one sequence; several rows stop when all have). on_device=True
     (static decode): the stop is decided on the device for each row, every iteration runs and those after the
-    stop leave the result as it was (the same values, no host read), and the solves run without torch.linalg, from
-    the inverses of P and M_q (baselines/lrqk/capturable_solve.py: nothing a CUDA graph cannot capture).
+    stop leave the result as it was (the same values, no host read). Eager and static steps solve alike, without
+    torch.linalg: from the inverses of P and M_q (baselines/lrqk/capturable_solve.py, nothing a CUDA graph cannot
+    capture), so that both select the same tokens.
     """
     kB = k @ B_K.mT
     P = B_K @ B_K.mT
     rhs_q = q @ B_Q.mT + lambda2 * (q @ K_om.mT) @ A_om
     M_q = B_Q @ B_Q.mT + lambda2 * A_om.mT @ A_om
     c = lambda1 * (q @ k.mT)  # l1 (q . k), [.., 1, 1]
-    if on_device:
-        P_inv, M_inv = spd_inverse(torch.stack([P, M_q]))
-        k_hat = kB @ P_inv
-    else:
-        k_hat = solve_right(P, kB)
+    P_inv, M_inv = spd_inverse(torch.stack([P, M_q]))  # capturable (official: torch.linalg.solve per system)
+    k_hat = kB @ P_inv
     stopped = None
     for _ in range(max(max_iter, 1)):
         used = k_hat
-        if on_device:
-            q_new = solve_rank_one(M_inv, lambda1, k_hat, rhs_q + c * k_hat)
-            k_new = solve_rank_one(P_inv, lambda1, q_new, kB + c * q_new)
-        else:
-            q_new = solve_right(M_q + lambda1 * k_hat.mT @ k_hat, rhs_q + c * k_hat)
-            k_new = solve_right(P + lambda1 * q_new.mT @ q_new, kB + c * q_new)
+        q_new = solve_rank_one(M_inv, lambda1, k_hat, rhs_q + c * k_hat)
+        k_new = solve_rank_one(P_inv, lambda1, q_new, kB + c * q_new)
         change = (used - k_new).square().mean(tuple(range(1, used.dim())), keepdim=True) < tol  # MSE per row
         if not on_device:
             q_hat, k_hat, k_used = q_new, k_new, used

@@ -43,13 +43,15 @@ def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, s
     B, Hq, d = query.shape
     Hkv = keys.shape[1]
     G = Hq // Hkv
-    idx = sel.indices.clamp(0, keys.shape[2] - 1)
+    idx = sel.indices
     Gs = idx.shape[2]
-    if sel.keys is None and sel.values is None and idx.stride()[:3] == (0, 0, 0):  # one token list for every head
-        shared = idx[0, 0, 0]
+    one_list = all(stride == 0 or size == 1 for stride, size in zip(idx.stride()[:3], idx.shape[:3]))
+    if sel.keys is None and sel.values is None and one_list:  # one token list for every row and head
+        shared = idx[0, 0, 0].clamp(0, keys.shape[2] - 1)
         k, v = keys.index_select(2, shared).unsqueeze(2), values.index_select(2, shared).unsqueeze(2)
         Gs = 1
     else:
+        idx = idx.clamp(0, keys.shape[2] - 1)
         k = sel.keys if sel.keys is not None else gather_tokens(keys, idx)
         v = sel.values if sel.values is not None else gather_tokens(values, idx)
     q = query.view(B, Hkv, G, d).float()
