@@ -39,14 +39,17 @@ class LiveTensors(TorchDispatchMode):
         self._older: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        for a in tensors:  # a storage from before the region that is freed inside it gives its bytes back
+        inputs = set()
+        for a in tree_leaves((args, kwargs)):
+            if not isinstance(a, torch.Tensor):
+                continue
             storage = a.untyped_storage()
+            inputs.add(storage.data_ptr())
             if storage.data_ptr() not in self._live and storage.data_ptr() not in self._older:
+                # a storage from before the region that is freed inside it gives its bytes back
                 self._older.add(storage.data_ptr())
                 weakref.finalize(storage, self._older_freed, storage.nbytes())
         out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage().data_ptr() for a in tensors}
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if not isinstance(t, torch.Tensor) or t._is_view():
                 continue

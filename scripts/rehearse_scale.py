@@ -92,6 +92,39 @@ def projected_layers(model, embedded, new_tokens: int):
         captured.queries = captured.queries.new_empty(1, captured.queries.shape[1], 0, d)
 
 
+def replay_projected(model, spec, ids, new_tokens: int):
+    """A SelectorCache of `spec` (coverage measured) holding the prompt `ids` [1, L] as its projected prefill capture
+    replayed, room for `new_tokens`; -> (cache, the first token's logits: the last embedding's, any will do)."""
+    from locks.core.cache import SelectorCache
+    from locks.core.prefill import PrefillCapture, replay_prefill
+
+    cache = SelectorCache(model, spec, measure_coverage=True)
+    cache.max_new_tokens = new_tokens
+    embedded = model.model.embed_tokens(ids)
+    last = model.lm_head(model.model.norm(embedded[:, -1]))
+    capture = PrefillCapture(projected_layers(model, embedded, new_tokens), last, ids.shape[1], new_tokens, None)
+    return cache, replay_prefill(cache, capture)
+
+
+def child_record(script: str, passed: list[str], one: str, prefix: str, env: dict | None = None) -> dict | str:
+    """`script` run again in a process of its own with the same arguments and `--one one`: the last record it
+    printed after `prefix` (JSON), or the last line of its error output."""
+    child = subprocess.run([sys.executable, script, *passed, "--one", one], capture_output=True, text=True, env=env)
+    lines = [line for line in child.stdout.splitlines() if line.startswith(prefix)]
+    if child.returncode or not lines:
+        return (child.stderr.strip().splitlines() or ["no output"])[-1]
+    return json.loads(lines[-1][len(prefix):])
+
+
+def write_records(out: str, kind: str, argv: list[str], records: list[dict], markdown: str) -> None:
+    """The records as JSON at `out`, their table next to it (the same name with .md), and the table printed."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": kind, "argv": argv, "records": records}, indent=1) + "\n")
+    path.with_suffix(".md").write_text(markdown + "\n")
+    print(markdown)
+
+
 def rehearse(args, name: str) -> dict:
     """One method in this process: its plan (checked), the projected prefill replayed, the decode; peak memory."""
     import torch
@@ -101,9 +134,7 @@ def rehearse(args, name: str) -> dict:
     from bench.resident import peak_resident_bytes, resident_bytes
     from eval.memory_plan import GiB, check_plan, plan_memory
     from eval.runner import method_spec
-    from locks.core.cache import SelectorCache
     from locks.core.generation import Row, generate_rows
-    from locks.core.prefill import PrefillCapture, replay_prefill
     from run import compose_config
 
     torch.manual_seed(0)
@@ -120,13 +151,7 @@ def rehearse(args, name: str) -> dict:
         ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
         base = resident_bytes()
         start = time.perf_counter()
-        cache = SelectorCache(model, spec, measure_coverage=True)
-        cache.max_new_tokens = args.new_tokens
-        embedded = model.model.embed_tokens(ids)
-        last = model.lm_head(model.model.norm(embedded[:, -1]))  # the first token's logits: any will do
-        capture = PrefillCapture(projected_layers(model, embedded, args.new_tokens), last, prompt, args.new_tokens,
-                                 None)
-        logits = replay_prefill(cache, capture)
+        cache, logits = replay_projected(model, spec, ids, args.new_tokens)
         prefill_s = time.perf_counter() - start
         row = Row(cache, ids, args.new_tokens, prefill_logits=logits)
         generate_rows(model, [row])
@@ -170,20 +195,10 @@ def main(argv=None) -> int:
     records = []
     passed = list(argv if argv is not None else sys.argv[1:])
     for name in args.methods.split(","):
-        child = subprocess.run([sys.executable, __file__, *passed, "--one", name], capture_output=True, text=True)
-        lines = [line for line in child.stdout.splitlines() if line.startswith("REHEARSAL ")]
-        if child.returncode or not lines:
-            error = (child.stderr.strip().splitlines() or ["no output"])[-1]
-            records.append(dict(method=name, context=args.context, error=error))
-        else:
-            records.append(json.loads(lines[-1][len("REHEARSAL "):]))
+        record = child_record(__file__, passed, name, "REHEARSAL ")
+        records.append(dict(method=name, context=args.context, error=record) if isinstance(record, str) else record)
         print(f"rehearse_scale: {records[-1]}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"kind": "rehearsal", "argv": sys.argv[1:] if argv is None else argv,
-                               "records": records}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(table(records) + "\n")
-    print(table(records))
+    write_records(args.out, "rehearsal", passed, records, table(records))
     return 0 if all(r.get("within_plan") for r in records) else 1
 
 

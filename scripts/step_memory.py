@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -42,17 +41,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def peak_since_reset() -> int:
-    """VmHWM: the most resident memory since the last reset (/proc/self/clear_refs)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-
-
-def reset_peak() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 def measure(args, name: str, mode: str) -> dict:
     """One method's decode steps in this process: the largest tracked and resident peak of the measured steps."""
     import torch
@@ -60,13 +48,11 @@ def measure(args, name: str, mode: str) -> dict:
     from transformers import LlamaForCausalLM
 
     from bench.live_tensors import LiveTensors
-    from bench.resident import resident_bytes
+    from bench.resident import peak_since_reset, reset_peak, resident_bytes
     from eval.runner import method_spec
-    from locks.core.cache import SelectorCache
-    from locks.core.prefill import PrefillCapture, replay_prefill
     from locks.core.static_decode import StaticDecodeStep
     from run import compose_config
-    from scripts.rehearse_scale import model_config, projected_layers
+    from scripts.rehearse_scale import model_config, replay_projected
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -80,13 +66,7 @@ def measure(args, name: str, mode: str) -> dict:
     with torch.inference_mode():
         model = LlamaForCausalLM(model_config(shape)).eval()
         ids = torch.randint(0, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
-        cache = SelectorCache(model, spec, measure_coverage=True)
-        cache.max_new_tokens = steps
-        embedded = model.model.embed_tokens(ids)
-        last = model.lm_head(model.model.norm(embedded[:, -1]))
-        logits = replay_prefill(cache, PrefillCapture(projected_layers(model, embedded, steps), last, prompt, steps,
-                                                      None))
-        del embedded
+        cache, logits = replay_projected(model, spec, ids, steps)
         cache.phase = "decode"
         step = StaticDecodeStep(model, cache, 1, args.context, cuda_graph=False) if mode == "static" else None
         token, tracked, resident, at_peak = logits.argmax(-1), 0, 0, []
@@ -107,7 +87,7 @@ def measure(args, name: str, mode: str) -> dict:
                     tracked, at_peak = live.peak, live.at_peak
     return dict(method=name, mode=mode, context=args.context, budget=args.budget,
                 tracked_mib=round(tracked / MiB, 1), resident_mib=round(resident / MiB, 1),
-                at_peak=[f"{b / MiB:.1f} MiB {op} {list(shape)} {line}" for b, op, shape, line in at_peak[:4]])
+                at_peak=[f"{b / MiB:.1f} MiB {op} {list(dims)} {line}" for b, op, dims, line in at_peak[:4]])
 
 
 def table(records: list[dict]) -> str:
@@ -129,6 +109,7 @@ def main(argv=None) -> int:
         print("STEP " + json.dumps(measure(args, name, mode)), flush=True)
         return 0
     from locks.core.registry import discover
+    from scripts.rehearse_scale import child_record, write_records
 
     methods = args.methods.split(",") if args.methods else sorted(discover())
     passed = list(argv if argv is not None else sys.argv[1:])
@@ -136,20 +117,11 @@ def main(argv=None) -> int:
     records = []
     for name in methods:
         for mode in args.modes.split(","):
-            child = subprocess.run([sys.executable, __file__, *passed, "--one", f"{name},{mode}"], capture_output=True,
-                                   text=True, env=env)
-            lines = [line for line in child.stdout.splitlines() if line.startswith("STEP ")]
-            if child.returncode or not lines:
-                error = (child.stderr.strip().splitlines() or ["no output"])[-1]
-                records.append(dict(method=name, mode=mode, context=args.context, error=error))
-            else:
-                records.append(json.loads(lines[-1][len("STEP "):]))
+            record = child_record(__file__, passed, f"{name},{mode}", "STEP ", env)
+            records.append(dict(method=name, mode=mode, context=args.context, error=record)
+                           if isinstance(record, str) else record)
             print(f"step_memory: {records[-1]}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"kind": "step_memory", "argv": passed, "records": records}, indent=1) + "\n")
-    out.with_suffix(".md").write_text(table(records) + "\n")
-    print(table(records))
+    write_records(args.out, "step_memory", passed, records, table(records))
     return 0 if all("error" not in r for r in records) else 1
 
 

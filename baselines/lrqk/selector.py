@@ -55,8 +55,8 @@ Deviations from the official code (tenghuilee/LRQK @ f3b843f, `lrqk_attention.py
     each call): the per-step tensors are tiny and extra OpenMP threads only add barrier waits on a shared machine.
   * a decode step (eager or static) solves the r x r systems from two inverses (sweep operator, Sherman-Morrison;
     in fp32 registers with backend triton, baselines/lrqk/kernels.py, else baselines/lrqk/capturable_solve.py)
-    (official: torch.linalg.solve; the same systems, within fp32 rounding) and attends the hot cache in slot order; the decode stop test
-    is per row (the official code has one sequence).
+    (official: torch.linalg.solve; the same systems, within fp32 rounding) and attends the hot cache in slot order;
+    the decode stop test is per row (the official code has one sequence).
 """
 from __future__ import annotations
 
