@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from locks.core.options import Options, integer, one_of, option, positive_int
-from locks.core.page_bounds import extend_bounds, fold_static_key, reserve_bounds
+from locks.core.page_bounds import bounds_bytes, extend_bounds, fold_static_key, open_page, reserve_bounds
 from locks.core.reference import paged_attended, paged_tokens
 from locks.core.registry import register
-from locks.core.selector import LayerInfo, Selection, Selector, row_length
+from locks.core.selector import LayerInfo, Selection, Selector
 from locks.core.topk import head_sets, top_of_keys, top_units, top_units_lowest_first
 
 
@@ -48,6 +48,7 @@ class QuestSelector(Selector):
         super().__init__(info, budget, **options)
         self.fused = info.backend == "triton"  # baselines/quest/kernels.py, imported only then
         self.page_budget = self.budget // self.page_size  # the kernel rule's pages, the last one included
+        self.sets = info.group_size if self.gqa == "per_head" else 1  # page sets per KV head
         self.length = 0  # tokens folded into the bounds
         self._max = self._min = None  # [B, Hkv, capacity pages, d], the keys' dtype
         self._union_ratio, self._union_steps = 0.0, 0
@@ -60,9 +61,7 @@ class QuestSelector(Selector):
         self.length = max(self.length, keys.shape[2])
 
     def memory_bytes(self, length: int) -> dict[str, float]:
-        info, pages = self.info, -(-length // self.page_size)
-        return {**super().memory_bytes(length),
-                "state": float(2 * pages * info.head_dim * info.kv_element_bytes * info.num_kv_heads)}
+        return {**super().memory_bytes(length), "state": bounds_bytes(self.info, length, self.page_size)}
 
     def page_bounds(self, query: Tensor, num_pages: int, length: Tensor | None = None) -> Tensor:
         """U [B, Hkv, G, num_pages] of the first pages; with a device `length`, -inf from the open page on."""
@@ -78,60 +77,55 @@ class QuestSelector(Selector):
         U = q.clamp(min=0) @ M.float().transpose(-1, -2) + q.clamp(max=0) @ m.float().transpose(-1, -2)
         if length is None:
             return U
-        return U.masked_fill(torch.arange(num_pages, device=U.device) >= self._open_page(length), float("-inf"))
+        return U.masked_fill(torch.arange(num_pages, device=U.device) >= open_page(length, self.page_size), -torch.inf)
 
-    def _set_bounds(self, query: Tensor, num_pages: int, length: Tensor | None) -> Tensor:
-        """`page_bounds` as one row of scores per page set (`head_sets`: per query head, or per KV head)."""
+    def set_bounds(self, query: Tensor, num_pages: int, length: Tensor | None = None) -> Tensor:
+        """`page_bounds` as one row per page set (`head_sets`: per query head, or the G heads' per KV head)."""
         return head_sets(self.page_bounds(query, num_pages, length), self.gqa == "per_head", self.group_reduce)
 
-    def _open_page(self, length: Tensor) -> Tensor:
-        return torch.div(row_length(length, 4) - 1, self.page_size, rounding_mode="floor")
+    def kernel_pages(self, query: Tensor, num_pages: int, length: Tensor, stable: bool) -> Tensor:
+        """The kernel rule's page list of each set: the top page_budget - 1 before the open page, in page order, then
+        the open page; pages 0 .. page_budget - 1 while the open page is below page_budget."""
+        top = top_units(self.set_bounds(query, num_pages, length), self.page_budget - 1, stable)
+        last = open_page(length, self.page_size)
+        pages = torch.cat([top, last.expand(*top.shape[:3], 1)], dim=-1)
+        return torch.where(last < self.page_budget, torch.arange(self.page_budget, device=top.device), pages)
 
-    def _plan(self, L: int) -> tuple[int, int, int] | None:
-        """(pages chosen by top-k, pages scored, forced tokens) at L cached tokens; None: a dense step."""
-        P, n = self.page_size, -(-L // self.page_size)
-        if self.page_rule == "kernel":
-            return None if n <= self.page_budget else (self.page_budget - 1, n - 1, L - (n - 1) * P)
-        if self.budget >= L:  # deviation: the official code takes L // P pages here (one short if L mod P != 0)
-            return None
-        k = min(self._eval_pages(), n)
-        return None if k >= n else (k, n, 0)
-
-    def _eval_pages(self) -> int:
+    def eval_pages(self) -> int:
+        """The eval rule's pages: max(3, budget // P) (max(1, ...) in fair mode when 3 pages exceed the budget)."""
         return max(3 if (self.budget_mode == "paper" or 3 * self.page_size <= self.budget) else 1, self.page_budget)
 
-    def _pages(self, query: Tensor, num_pages: int, k: int, length: Tensor | None, stable: bool) -> Tensor:
-        """Each set's top-k pages in page order; with `length` the kernel rule's list: those k plus the open page,
-        or pages 0 .. page_budget - 1 while the open page is below page_budget."""
-        U = self._set_bounds(query, num_pages, length)
-        top = top_units(U, k, stable)
-        if length is None:
-            return top
-        last = self._open_page(length)
-        pages = torch.cat([top, last.expand(*top.shape[:3], 1)], dim=-1)
-        return torch.where(last < self.page_budget, torch.arange(self.page_budget, device=U.device), pages)
-
-    def _metadata_bytes(self, plan: tuple[int, int, int], sets: int) -> float:
-        """Per KV head: min+max of each scored page (one pass for the G queries), an s-byte score per set and scored
-        page, a 4-byte index per set and chosen page."""
-        (k, scored, _), s = plan, self.info.kv_element_bytes
-        return float(self.info.num_kv_heads * (2 * self.info.head_dim * s * scored + s * scored * sets + 4 * k * sets))
+    def cost(self, L: int) -> tuple[int, int, float] | None:
+        """(pages chosen, forced tokens, metadata bytes) of a sparse step at L cached tokens; None: a dense step.
+        Metadata per KV head: min+max of each scored page (one pass for the G queries), an s-byte score per set and
+        scored page, a 4-byte index per set and chosen page."""
+        P, n, s, info = self.page_size, -(-L // self.page_size), self.info.kv_element_bytes, self.info
+        if self.page_rule == "kernel":
+            k, scored, forced = self.page_budget - 1, n - 1, L - (n - 1) * P
+            if n <= self.page_budget:
+                return None
+        else:  # deviation: at budget >= L the official code takes L // P pages (one short if L mod P != 0)
+            k, scored, forced = min(self.eval_pages(), n), n, 0
+            if self.budget >= L or k >= n:
+                return None
+        return k, forced, float(info.num_kv_heads * (2 * info.head_dim * s * scored + (s * scored + 4 * k) * self.sets))
 
     def select(self, query: Tensor, keys: Tensor, values: Tensor) -> Selection:
         L = keys.shape[2]
         self.append(keys, values)  # a no-op after the harness's append; direct calls may skip it
-        plan = self._plan(L)
-        if plan is None:
+        cost = self.cost(L)
+        if cost is None:
             return Selection.all_tokens()
-        length = keys.new_full((1,), L, dtype=torch.long)
-        rule = length if self.page_rule == "kernel" else None
-        pages = self._pages(query, -(-L // self.page_size), plan[0], rule, stable=True)
+        length, n = keys.new_full((1,), L, dtype=torch.long), -(-L // self.page_size)
+        if self.page_rule == "kernel":
+            pages = self.kernel_pages(query, n, length, stable=True)
+        else:
+            pages = top_units(self.set_bounds(query, n), cost[0], stable=True)
         sel = Selection(pages=pages, page_size=self.page_size)
         indices, valid = paged_tokens(sel, length, L)
         self._union_ratio += paged_attended(sel, length, L).mean() / valid.sum(-1).float().mean()
         self._union_steps += 1
-        return Selection(indices=indices, valid=valid, forced_tokens=float(plan[2]),
-                         metadata_bytes=self._metadata_bytes(plan, self._sets()))
+        return Selection(indices=indices, valid=valid, forced_tokens=float(cost[1]), metadata_bytes=cost[2])
 
     def extra_metrics(self) -> dict:
         """quest_union_ratio: a KV head's union of its sets over the mean set, over the eager sparse steps."""
@@ -146,8 +140,7 @@ class QuestSelector(Selector):
 
     def start_static(self, capacity):
         pages = -(-capacity // self.page_size)
-        self.static_k = self.page_budget if self.page_rule == "kernel" else self._eval_pages()
-        self.static_fits = pages <= self.static_k
+        self.static_fits = pages <= (self.page_budget if self.page_rule == "kernel" else self.eval_pages())
         self._max, self._min = reserve_bounds(self._max, self._min, -(-self.length // self.page_size), pages)
 
     def select_static(self, query, keys, values, length):
@@ -156,37 +149,30 @@ class QuestSelector(Selector):
         (quest_append if self.fused else fold_static_key)(keys, self._max, self._min, length, self.page_size)
         if self.static_fits:
             return Selection.all_tokens()
+        cap = self._max.shape[2]
         if self.page_rule == "eval":  # the top k of every page up to the open one, as the eager rule (ties lower)
             # a page past the open one holds only slots >= the length, which every reader of a page list masks
             if self.fused and (self.gqa == "per_head" or self.group_reduce == "max"):
                 ranking = quest_eval_keys(query, self._max, self._min, length, self.page_size,
                                           None if self.gqa == "per_head" else "max")
-                top = top_of_keys(ranking.view(*self._max.shape[:2], -1, ranking.shape[-1]), self.static_k)
+                top = top_of_keys(ranking.view(*self._max.shape[:2], -1, cap), self.eval_pages())
             else:
-                U = self._set_bounds(query, self._max.shape[2], None)
-                last = self._open_page(length)
-                top = top_units_lowest_first(U.masked_fill(torch.arange(U.shape[-1], device=U.device) > last,
-                                                           float("-inf")), self.static_k)
+                past = torch.arange(cap, device=query.device) > open_page(length, self.page_size)
+                top = top_units_lowest_first(self.set_bounds(query, cap).masked_fill(past, -torch.inf),
+                                             self.eval_pages())
             return Selection(pages=top, page_size=self.page_size)
-        k, cap, sets = self.page_budget - 1, self._max.shape[2], self._sets()
         if not self.fused:  # torch.topk, not a full sort: exact ties break as in the official select-k
-            return Selection(pages=self._pages(query, cap, k, length, False), page_size=self.page_size,
-                             attended_on_host=sets == 1)
-        U = self._set_bounds(query, cap, length)
-        pages, attended = quest_static_pages(torch.topk(U, k, dim=-1).indices, length, self.page_size,
-                                             self.page_budget, count=sets > 1)
-        return Selection(pages=pages, page_size=self.page_size, attended_on_host=sets == 1, attended_rows=attended)
+            return Selection(pages=self.kernel_pages(query, cap, length, False), page_size=self.page_size,
+                             attended_on_host=self.sets == 1)
+        top = torch.topk(self.set_bounds(query, cap, length), self.page_budget - 1, dim=-1).indices
+        pages, attended = quest_static_pages(top, length, self.page_size, self.page_budget, count=self.sets > 1)
+        return Selection(pages=pages, page_size=self.page_size, attended_on_host=self.sets == 1, attended_rows=attended)
 
     def after_static_step(self, keys, values, length):
         self.length = length
 
     def static_step_cost(self, length):
-        plan, sets = self._plan(length), self._sets()
-        host = self.static_fits or (sets == 1 and self.page_rule == "kernel")  # as the Selection's attended_on_host
-        if plan is None:
+        cost, host = self.cost(length), self.static_fits or (self.sets == 1 and self.page_rule == "kernel")
+        if cost is None:  # host: as the Selection's attended_on_host
             return 0.0, 0.0, float(length) if host else None
-        attended = float(plan[0] * self.page_size + plan[2]) if host else None
-        return float(plan[2]), self._metadata_bytes(plan, sets), attended
-
-    def _sets(self) -> int:
-        return self.info.group_size if self.gqa == "per_head" else 1
+        return float(cost[1]), cost[2], float(cost[0] * self.page_size + cost[1]) if host else None

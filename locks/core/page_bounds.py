@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from locks.core.buffers import grown
-from locks.core.selector import newest_key
+from locks.core.selector import LayerInfo, newest_key, row_length
 
 
 def fold_into_page(page_max: Tensor, page_min: Tensor, keys: Tensor, page: int | Tensor, opens: bool | Tensor) -> None:
@@ -78,3 +78,14 @@ def reserve_bounds(page_max: Tensor, page_min: Tensor, used: int, pages: int) ->
     page_max, page_min = (grown(b, used, pages, minimum=16) for b in (page_max, page_min))
     page_max[:, :, used:], page_min[:, :, used:] = 0, 0
     return page_max, page_min
+
+
+def open_page(length: Tensor, page_size: int) -> Tensor:
+    """The page of the newest token, (L - 1) // page_size, at a device length L ([1] or [B]) -> [1 or B, 1, 1, 1]."""
+    return torch.div(row_length(length, 4) - 1, page_size, rounding_mode="floor")
+
+
+def bounds_bytes(info: LayerInfo, length: int, page_size: int) -> float:
+    """One layer's max and min per page and KV head after `length` tokens, in the keys' dtype:
+    2 * ceil(length / page_size) * d * s * H_kv."""
+    return float(2 * -(-length // page_size) * info.head_dim * info.kv_element_bytes * info.num_kv_heads)
