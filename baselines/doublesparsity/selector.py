@@ -146,8 +146,9 @@ class DoubleSparsitySelector(Selector):
         B, Hq, d = query.shape
         q = self._label(query.view(B, Hq, 1, d), key=False).double()
         step = max(1, SCORE_CHUNK_BYTES // (B * Hq * self.r * 8))  # the fp64 labels of `step` slots at a time
-        s = torch.cat([torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, i : min(i + step, slots)].double())
-                       for i in range(0, slots, step)], dim=-1).float() / self._scale()
+        parts = [torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, i : min(i + step, slots)].double())
+                 for i in range(0, slots, step)]
+        s = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).float() / self._scale()
         return s.view(B, self.info.num_kv_heads, self.info.group_size, slots)
 
     def _metadata_bytes(self, length: int) -> float:

@@ -35,6 +35,7 @@ from locks.errors import ConfigError
 MAX_BITS = 15  # K at most: a code fits int16, as the official reference stores it
 WEIGHT_FLOOR = 1e-4  # -ln(w + 1e-4): the official cap on a sampled token's up-weighting
 HASH_CHUNK = 2048  # prompt tokens hashed per product at the prefill
+HITS_CHUNK_BYTES = 64 << 20  # the most code comparisons (bytes) a decode step holds at once (`_hits`)
 
 
 def layer_list(key, value):
@@ -191,7 +192,7 @@ class MagicPIGSelector(Selector):
         q = query.float().view(B, Hkv, G, d)
         q_norm = q.norm(dim=-1, keepdim=True)
         query_codes = self._codes(self._pattern(q / q_norm), self.hash_shape, -2).unsqueeze(3)
-        hits = (self.codes.unsqueeze(2) == query_codes).view(torch.uint8).sum(-1, dtype=self.count_dtype)
+        hits = self._hits(query_codes)
         slot = torch.arange(n, device=q.device)
         start, end = self.middle[:, :1].view(B, 1, 1, 1), self.middle[:, 1:].view(B, 1, 1, 1)
         middle = (slot >= start) & (slot < end)
@@ -210,11 +211,22 @@ class MagicPIGSelector(Selector):
         self.sampled[:, 2] = torch.maximum(self.sampled[:, 2], counts.amax(-1))
         return valid, bias
 
+    def _hits(self, query_codes: Tensor) -> Tensor:
+        """Per query head and prompt token, the tables whose code equals the query's, [B, Hkv, G, n]: the code
+        comparisons (one byte per token, head and table; 300 MiB a step at 64K tokens at once) made HITS_CHUNK_BYTES
+        at a time."""
+        B, Hkv, G = query_codes.shape[:3]
+        n, tables = self.codes.shape[2], self.codes.shape[-1]
+        step = max(1, HITS_CHUNK_BYTES // (B * Hkv * G * tables))
+        parts = [(self.codes[:, :, i : i + step].unsqueeze(2) == query_codes).view(torch.uint8)
+                 .sum(-1, dtype=self.count_dtype) for i in range(0, n, step)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
     def _selection(self, query: Tensor, keys: Tensor, length: Tensor, slots: int) -> Selection:
         B, Hkv, G = query.shape[0], self.info.num_kv_heads, self.info.group_size
         valid, bias = self._rule(query, keys, length, slots)
         tokens = torch.arange(slots, device=keys.device).expand(B, Hkv, G, slots)
-        return Selection(indices=tokens, valid=valid, logit_bias=bias)
+        return Selection(indices=tokens, valid=valid, logit_bias=bias, all_slots=True)
 
     def _forced(self, length: int) -> float:
         """The tokens attended exactly: sink, local window and every generated token."""

@@ -47,29 +47,44 @@ def config_windows(config) -> list[int | None]:
     return [int(window) if t == "sliding_attention" else None for t in types]
 
 
-def flash_attn_usable() -> bool:
-    """Whether flash-attn's kernel imports: a wheel built for another torch is found by the import system but fails
-    when its compiled extension loads, which must happen here (one warning, SDPA instead), not at the first
-    prefill."""
+def flash_attn_usable(device="cuda") -> bool:
+    """Whether flash-attn's kernel imports and runs: a wheel built for another torch is found by the import system
+    but fails when its compiled extension loads, and one built for another GPU architecture loads but fails at its
+    first call; both must show here (one warning, SDPA instead), not at the first prefill."""
     import importlib.util
     import warnings
 
     if importlib.util.find_spec("flash_attn") is None:
         return False
     try:
-        from flash_attn import flash_attn_func  # noqa: F401
+        from flash_attn import flash_attn_func
     except (ImportError, OSError, RuntimeError) as err:
         warnings.warn(f"flash-attn is installed but does not load ({type(err).__name__}: {err}); the prefill uses "
                       f"SDPA (reinstall flash-attn built for torch {torch.__version__})")
         return False
+    failure = flash_attn_fails(flash_attn_func, device)
+    if failure is not None:
+        warnings.warn(f"flash-attn loads but a tiny call fails on {device} ({failure}); the prefill uses SDPA "
+                      f"(reinstall flash-attn built for this GPU and torch {torch.__version__})")
+        return False
     return True
 
 
+def flash_attn_fails(flash_attn_func, device) -> str | None:
+    """Why one tiny call of flash-attn (one head of dimension 64, bf16) fails on `device`, or None when it runs."""
+    try:
+        q = torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16, device=device)
+        flash_attn_func(q, q, q)
+    except Exception as err:  # any failure of the kernel (an unsupported GPU, a missing symbol) means SDPA
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def prefill_backend(device, dtype) -> str:
-    """"flash_attn" when the optional flash-attn package loads and the model runs on CUDA in fp16/bf16
+    """"flash_attn" when the optional flash-attn package loads and runs and the model runs on CUDA in fp16/bf16
     (`pip install '.[gpu]'`), else "sdpa" (transformers' SDPA path)."""
     usable = torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-    return "flash_attn" if usable and flash_attn_usable() else "sdpa"
+    return "flash_attn" if usable and flash_attn_usable(device) else "sdpa"
 
 
 class SelectorLayer(DynamicLayer):

@@ -46,7 +46,11 @@ def sparse_decode(query: Tensor, keys: Tensor, values: Tensor, sel: Selection, s
     idx = sel.indices
     Gs = idx.shape[2]
     one_list = all(stride == 0 or size == 1 for stride, size in zip(idx.stride()[:3], idx.shape[:3]))
-    if sel.keys is None and sel.values is None and one_list:  # one token list for every row and head
+    if sel.keys is None and sel.values is None and sel.all_slots:  # slots 0 .. K-1: the cache itself, no copy
+        K = idx.shape[-1]
+        k, v = keys[:, :, :K].unsqueeze(2), values[:, :, :K].unsqueeze(2)
+        Gs = 1
+    elif sel.keys is None and sel.values is None and one_list:  # one token list for every row and head
         shared = idx[0, 0, 0].clamp(0, keys.shape[2] - 1)
         k, v = keys.index_select(2, shared).unsqueeze(2), values.index_select(2, shared).unsqueeze(2)
         Gs = 1

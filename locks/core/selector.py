@@ -152,6 +152,9 @@ class Selection:
     # Static decode only: (out [B, Hq, d], lse [B, Hq] fp32) of the step, when the selector's fused kernel attends
     # as it selects (MagicPIG's sampling and weights in one pass); the core then attends nothing itself
     attention: tuple[Tensor, Tensor] | None = None
+    # True: `indices` are the slots 0 .. K-1 in order for every row and head (MagicPIG's list of every slot, its
+    # choice carried by `valid` and `logit_bias`), so the reference attends the cache in place instead of a copy
+    all_slots: bool = False
 
     @staticmethod
     def all_tokens() -> "Selection":

@@ -205,7 +205,8 @@ def test_a_flash_attn_that_does_not_load_falls_back_to_sdpa_at_once(monkeypatch)
     import sys
     import types
 
-    from locks.core.cache import prefill_backend
+    from locks.core import cache as cache_module
+    from locks.core.cache import flash_attn_fails, prefill_backend
 
     broken = types.ModuleType("flash_attn")  # no flash_attn_func: `from flash_attn import ...` raises ImportError
     broken.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
@@ -213,8 +214,36 @@ def test_a_flash_attn_that_does_not_load_falls_back_to_sdpa_at_once(monkeypatch)
     with pytest.warns(UserWarning, match="flash-attn is installed but does not load"):
         assert prefill_backend("cuda", torch.bfloat16) == "sdpa"
     broken.flash_attn_func = lambda *args, **kwargs: None
+    monkeypatch.setattr(cache_module, "flash_attn_fails", lambda func, device: flash_attn_fails(func, "cpu"))
     assert prefill_backend("cuda", torch.bfloat16) == "flash_attn"
     assert prefill_backend("cuda", torch.float32) == "sdpa"
+
+
+def test_a_flash_attn_whose_kernel_fails_falls_back_to_sdpa_at_once(monkeypatch):
+    """A flash-attn that imports but whose kernel fails (built for another GPU) is tried once on a tiny call, so it
+    also means SDPA with one warning; the tiny call is flash_attn_func(q, q, q) on the model's device."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from locks.core import cache as cache_module
+    from locks.core.cache import flash_attn_fails, prefill_backend
+
+    calls = []
+
+    def no_kernel(q, k, v):
+        calls.append((tuple(q.shape), q.dtype))
+        raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+
+    module = types.ModuleType("flash_attn")
+    module.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+    module.flash_attn_func = no_kernel
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    monkeypatch.setattr(cache_module, "flash_attn_fails", lambda func, device: flash_attn_fails(func, "cpu"))
+    with pytest.warns(UserWarning, match="flash-attn loads but a tiny call fails on cuda .*no kernel image"):
+        assert prefill_backend("cuda", torch.bfloat16) == "sdpa"
+    assert calls == [((1, 1, 1, 64), torch.bfloat16)]
+    assert flash_attn_fails(lambda q, k, v: q, "cpu") is None
 
 
 def test_pre_rope_keys_refuse_models_with_another_rotary_layout(tiny):

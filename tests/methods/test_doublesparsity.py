@@ -267,3 +267,21 @@ def test_the_fused_static_selection_is_the_pytorch_one(tmp_path, options, per_ro
         ref, fused = (built[b].select_static(query, keys, keys, length) for b in ("torch", "triton"))
         assert torch.equal(built["triton"].labels, built["torch"].labels), step
         assert torch.equal(fused.indices, ref.indices) and torch.equal(fused.valid, ref.valid), step
+
+
+def test_scores_made_a_few_slots_at_a_time_are_the_scores_made_at_once(tmp_path, monkeypatch):
+    """The fp64 labels converted SCORE_CHUNK_BYTES at a time (here 5 slots, so the last chunk is partial) give the
+    same scores, bit for bit, and so the same selection."""
+    import baselines.doublesparsity.selector as doublesparsity
+
+    torch.manual_seed(4)
+    Hq, Hkv, d, L = 4, 2, 16, 23
+    keys, values = torch.randn(1, Hkv, L, d), torch.randn(1, Hkv, L, d)
+    s = selector(tmp_path, 8, Hq, Hkv, d, label_bits=2)
+    run_prefill(s, keys, values, Hq)
+    query = torch.randn(1, Hq, d)
+    whole, sel = s._scores(query, L), s.select(query, keys, values)
+    monkeypatch.setattr(doublesparsity, "SCORE_CHUNK_BYTES", 5 * Hq * s.r * 8)
+    assert torch.equal(s._scores(query, L), whole)
+    chunked = s.select(query, keys, values)
+    assert torch.equal(chunked.indices, sel.indices) and torch.equal(chunked.valid, sel.valid)

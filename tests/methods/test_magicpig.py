@@ -225,3 +225,27 @@ def test_the_fused_static_step_is_the_pytorch_rule():
         torch.testing.assert_close(got.attention[1], lse, atol=1e-5, rtol=1e-5)
         assert torch.equal(got.attended_rows, attended_per_kv_head(want, capacity).double())
         assert torch.equal(fused.sampled, reference.sampled)
+
+
+def test_chunked_code_comparisons_and_the_in_place_attention_change_nothing(monkeypatch):
+    """The hits made a few tokens at a time (HITS_CHUNK_BYTES) equal the one-shot comparison, and the reference
+    attends the list of every slot (Selection.all_slots) in place exactly as over the gathered copy."""
+    import baselines.magicpig.selector as magicpig
+    from dataclasses import replace
+
+    torch.manual_seed(3)
+    Hq, Hkv, d, n = 6, 2, 32, 300
+    keys, values = torch.randn(1, Hkv, n, d) + 0.5, torch.randn(1, Hkv, n, d)
+    s = build(10**6, Hq, Hkv, d, budget_mode="paper", bits=6, tables=30)
+    prefill(s, keys, values)
+    q = torch.randn(1, Hq, d)
+    whole = s.select(q, keys, values)
+    monkeypatch.setattr(magicpig, "HITS_CHUNK_BYTES", 7 * Hq * s.codes.shape[-1])  # 7 tokens at a time
+    chunked = s.select(q, keys, values)
+    assert torch.equal(chunked.valid, whole.valid) and torch.equal(chunked.logit_bias, whole.logit_bias)
+    assert whole.all_slots and not whole.valid.all() and whole.valid.any()  # some middle tokens left out
+    out, lse = sparse_decode(q, keys, values, whole, s.info.scaling)
+    gathered = replace(whole, all_slots=False, indices=whole.indices.contiguous())  # one list per head: a gather
+    ref_out, ref_lse = sparse_decode(q, keys, values, gathered, s.info.scaling)
+    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-6, rtol=1e-6)
