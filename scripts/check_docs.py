@@ -134,6 +134,7 @@ def _sweep(overrides: list[str], multirun: bool, preset_params: dict):
     config). Swept keys come from the command line (-m) and from a preset's hydra.sweeper.params for keys the
     command line does not set."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import QuotedString
 
     parser = OverridesParser.create()
     parsed = parser.parse_overrides(overrides)
@@ -148,7 +149,9 @@ def _sweep(overrides: list[str], multirun: bool, preset_params: dict):
         elif _is_group(o.key_or_group):
             composed.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
         else:
-            values.append([(o.key_or_group, v, o.is_add()) for v in o.sweep_iterator()])
+            # a quoted item ("0,N/2") is its text, as Hydra's sweeper hands it to the job
+            values.append([(o.key_or_group, v.text if isinstance(v, QuotedString) else v, o.is_add())
+                           for v in o.sweep_iterator()])
     product = lambda lists: [list(c) for c in itertools.islice(itertools.product(*lists), MAX_JOBS)]  # noqa: E731
     return product(composed), product(values)
 
