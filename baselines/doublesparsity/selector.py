@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from locks.core.buffers import grown, resized
+from locks.core.chunks import by_chunks
 from locks.core.options import Options, integer, one_of, option, path_or
 from locks.core.quantize import min_max_quantize
 from locks.core.registry import register
@@ -146,9 +147,8 @@ class DoubleSparsitySelector(Selector):
         B, Hq, d = query.shape
         q = self._label(query.view(B, Hq, 1, d), key=False).double()
         step = max(1, SCORE_CHUNK_BYTES // (B * Hq * self.r * 8))  # the fp64 labels of `step` slots at a time
-        parts = [torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, i : min(i + step, slots)].double())
-                 for i in range(0, slots, step)]
-        s = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).float() / self._scale()
+        s = by_chunks(slots, step, lambda chunk: torch.einsum("bhxr,bhlr->bhl", q, self.labels[:, :, chunk].double()))
+        s = s.float() / self._scale()
         return s.view(B, self.info.num_kv_heads, self.info.group_size, slots)
 
     def _metadata_bytes(self, length: int) -> float:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from locks.core.chunks import by_chunks
 from locks.core.options import Options, integer, option
 from locks.core.reference import grouped_logits
 from locks.core.registry import register
@@ -218,9 +219,8 @@ class MagicPIGSelector(Selector):
         B, Hkv, G = query_codes.shape[:3]
         n, tables = self.codes.shape[2], self.codes.shape[-1]
         step = max(1, HITS_CHUNK_BYTES // (B * Hkv * G * tables))
-        parts = [(self.codes[:, :, i : i + step].unsqueeze(2) == query_codes).view(torch.uint8)
-                 .sum(-1, dtype=self.count_dtype) for i in range(0, n, step)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return by_chunks(n, step, lambda chunk: (self.codes[:, :, chunk].unsqueeze(2) == query_codes)
+                         .view(torch.uint8).sum(-1, dtype=self.count_dtype))
 
     def _selection(self, query: Tensor, keys: Tensor, length: Tensor, slots: int) -> Selection:
         B, Hkv, G = query.shape[0], self.info.num_kv_heads, self.info.group_size
