@@ -4,8 +4,9 @@
 A function of the file is framework when it is one of the core's bookkeeping hooks (FRAMEWORK_HOOKS: construction,
 memory terms, the static-decode lifecycle, accounting, metrics, errors) or a helper that only such functions call;
 every other function (the selection hooks prefill, append, select, select_static, ... and the helpers they
-call, directly or through others) is the method. Lines outside functions (the docstring, imports, the options dataclass, class attributes)
-are counted in the total only. A file whose framework share exceeds --limit fails the check.
+call, directly or through others) is the method. Lines outside functions (the docstring, imports, the options
+dataclass, class attributes) are counted in the total only. A file whose framework share exceeds --limit fails the
+check.
 
     python scripts/method_lines.py            # the table
     python scripts/method_lines.py --check    # exit 1 when a file's framework share exceeds 25 %
@@ -50,7 +51,7 @@ def calls(node: ast.AST, names: set[str]) -> set[str]:
 
 
 def split(path: Path) -> dict:
-    """{file, lines, framework, method}: line counts of one selector file."""
+    """{file, lines, framework, method, share}: line counts of one selector file, and framework / lines."""
     source = path.read_text()
     funcs = functions(ast.parse(source))
     names = set(funcs)
@@ -64,8 +65,9 @@ def split(path: Path) -> dict:
         framework |= more
     span = {name: node.end_lineno - node.lineno + 1 + len(node.decorator_list) for name, node in funcs.items()}
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    return {"file": str(shown), "lines": len(source.splitlines()),
-            "framework": sum(span[n] for n in framework), "method": sum(span[n] for n in names - framework)}
+    lines, framework_lines = len(source.splitlines()), sum(span[n] for n in framework)
+    return {"file": str(shown), "lines": lines, "framework": framework_lines,
+            "method": sum(span[n] for n in names - framework), "share": framework_lines / lines}
 
 
 def selector_files() -> dict[str, Path]:
@@ -88,10 +90,7 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 when a file's framework share exceeds --limit")
     p.add_argument("--limit", type=float, default=0.25)
     args = p.parse_args(argv)
-    rows = []
-    for name, path in selector_files().items():
-        row = split(path)
-        rows.append({"name": name, **row, "share": row["framework"] / row["lines"]})
+    rows = [{"name": name, **split(path)} for name, path in selector_files().items()]
     print(table(rows))
     over = [r["name"] for r in rows if r["share"] > args.limit]
     if args.check and over:
